@@ -1,0 +1,67 @@
+"""Bench output: the terminal table and the JSON file."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from typing import Any
+
+import click
+
+from edgeinfer.bench.runner import LevelResult
+
+SCHEMA_VERSION = 1
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def print_table(results: list[LevelResult], max_tokens: int) -> None:
+    head = (
+        f"{'streams':>7} {'engine tok/s':>12} {'raw tok/s':>10} {'ratio':>6} {'per-stream':>10} "
+        f"{'prefill tok/s':>13} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11}"
+    )
+    click.echo(f"\ndecode throughput, {max_tokens} tokens per stream (greedy)")
+    click.echo(head)
+    click.echo("-" * len(head))
+    for r in results:
+        e, w = r.engine, r.raw
+        ratio = e.decode_tps / w.decode_tps if w.decode_tps else 0.0
+        click.echo(
+            f"{r.concurrency:>7} {e.decode_tps:>12.1f} {w.decode_tps:>10.1f} {ratio:>6.2f} {e.per_stream_tps:>10.1f} "
+            f"{e.prefill_tps:>13.1f} {_ms(e.ttft(50)):>11} {_ms(e.ttft(95)):>11}"
+        )
+    if len(results) > 1 and results[0].engine.decode_tps:
+        top = results[-1]
+        click.echo(
+            f"\n{top.concurrency} streams: {top.engine.decode_tps / results[0].engine.decode_tps:.2f}x "
+            f"the aggregate decode rate of {results[0].concurrency}"
+        )
+
+
+def write_json(results: list[LevelResult], dest: str, engine: Any, max_tokens: int) -> None:
+    doc = {
+        "schema": SCHEMA_VERSION,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
+        "model": str(engine.model_path),
+        "config": {
+            "ctx_size": engine.n_ctx,
+            "batch_size": engine.config.batch_size,
+            "threads": engine.ctx.threads,
+            "gpu_layers": engine.config.gpu_layers,
+            "kv_type": engine.config.kv_type,
+        },
+        "max_tokens": max_tokens,
+        "levels": [r.as_dict() for r in results],
+    }
+    text = json.dumps(doc, indent=2)
+    if dest == "-":
+        click.echo(text)
+    else:
+        with open(dest, "w") as f:
+            f.write(text + "\n")
+        click.echo(f"wrote {dest}", err=True)

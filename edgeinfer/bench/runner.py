@@ -1,0 +1,127 @@
+"""`edgeinfer bench` (first version): engine against the raw loop, at each concurrency."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edgeinfer.bench.rawloop import run_raw
+from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.engine import Engine
+from edgeinfer.llamacpp import Context, ContextParams
+from edgeinfer.params import SamplingParams
+
+# Fixed chat prompts; stream i of a run uses prompt i mod len.
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "Explain what a hash table is.",
+    "Give three tips for learning to cook.",
+    "What causes the seasons on Earth?",
+    "Describe a cat to someone who has never seen one.",
+    "List five uses for a paperclip.",
+    "Why is the sky blue?",
+    "Summarise the plot of a heist movie you invent.",
+    "How do I make a cup of tea?",
+    "What is the difference between weather and climate?",
+    "Write a haiku about autumn.",
+    "Explain recursion with an example.",
+    "What should I pack for a weekend hike?",
+    "Tell me a fun fact about octopuses.",
+    "How does a bicycle stay upright?",
+    "Suggest a name for a bakery and explain it.",
+]
+
+
+@dataclass(slots=True)
+class LevelResult:
+    """Engine and raw loop at one concurrency, best of the repeats."""
+
+    concurrency: int
+    engine: RunResult
+    raw: RunResult
+
+    def as_dict(self) -> dict[str, object]:
+        def figures(r: RunResult) -> dict[str, float | None]:
+            return {
+                "decode_tps": round(r.decode_tps, 2),
+                "total_tps": round(r.total_tps, 2),
+                "per_stream_tps": round(r.per_stream_tps, 2),
+                "prefill_tps": round(r.prefill_tps, 2),
+                "ttft_p50_s": _r(r.ttft(50)),
+                "ttft_p95_s": _r(r.ttft(95)),
+            }
+
+        return {
+            "concurrency": self.concurrency,
+            "engine": figures(self.engine),
+            "raw": figures(self.raw),
+            "engine_over_raw": round(self.engine.decode_tps / self.raw.decode_tps, 3) if self.raw.decode_tps else None,
+        }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
+    return [engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]) for i in range(n)]
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], max_tokens: int) -> RunResult:
+    """Submit every prompt at once; greedy, exactly max_tokens each (end-of-text ignored)."""
+    engine.reset_prefixes()  # no reuse across runs: the raw loop has none either
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    t_start = time.perf_counter()
+    handles = [engine.submit(p, params)[0] for p in prompts]
+    finishes = [h.result() for h in handles]
+    t_end = time.perf_counter()
+    streams = [
+        StreamResult(f.stats.prompt_tokens, f.stats.completion_tokens, f.stats.ttft_s, f.stats.decode_tps)
+        for f in finishes
+    ]
+    t_first = t_start + max(s.ttft_s or 0.0 for s in streams)
+    return RunResult(streams, t_start, t_first, t_end)
+
+
+def run_levels(
+    engine: Engine,
+    levels: list[int],
+    max_tokens: int,
+    repeats: int = 2,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[LevelResult]:
+    """For each concurrency, alternate engine and raw runs; keep the best decode rate of each."""
+    raw_ctx = Context(
+        engine.model,
+        ContextParams(
+            n_ctx=engine.n_ctx,
+            n_batch=engine.ctx.n_batch,
+            n_seq_max=max(levels),
+            n_threads=engine.config.threads,
+            n_threads_batch=engine.config.threads_batch,
+            flash_attn=engine.config.flash_attn,
+            kv_type=engine.config.kv_type,
+        ),
+    )
+    try:
+        warm = chat_prompts(engine, 1)
+        run_engine(engine, warm, 8)
+        run_raw(raw_ctx, warm, 8)
+        out = []
+        for c in levels:
+            prompts = chat_prompts(engine, c)
+            best_e: RunResult | None = None
+            best_r: RunResult | None = None
+            for i in range(repeats):
+                progress(f"concurrency {c}: engine run {i + 1}/{repeats}")
+                e = run_engine(engine, prompts, max_tokens)
+                progress(f"concurrency {c}: raw loop run {i + 1}/{repeats}")
+                r = run_raw(raw_ctx, prompts, max_tokens)
+                best_e = e if best_e is None or e.decode_tps > best_e.decode_tps else best_e
+                best_r = r if best_r is None or r.decode_tps > best_r.decode_tps else best_r
+            assert best_e is not None and best_r is not None
+            out.append(LevelResult(c, best_e, best_r))
+        return out
+    finally:
+        raw_ctx.close()

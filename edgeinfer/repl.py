@@ -1,0 +1,173 @@
+"""The `edgeinfer chat` loop: streaming replies, Ctrl-C stops a reply, not the program."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import click
+
+from edgeinfer.events import Chunk, Finish, StreamStats
+from edgeinfer.params import SamplingParams
+
+HELP = """commands:
+  /reset   forget the conversation
+  /exit    leave (Ctrl-D works too)
+  /help    this text
+Ctrl-C stops the reply being written."""
+
+
+class ChatBackend(Protocol):
+    """Where replies come from: the in-process engine or a server on a socket."""
+
+    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Iterator[Chunk | Finish]: ...
+    def cancel(self) -> None: ...
+    def reset(self) -> None: ...
+
+
+class EngineBackend:
+    """Chat against an in-process Engine; the KV of earlier turns is reused by prefix."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._handle: Any = None
+
+    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Iterator[Chunk | Finish]:
+        self._handle = self.engine.submit(self.engine.chat_prompt(messages), params)[0]
+        yield from self._handle
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def reset(self) -> None:
+        self.engine.reset_prefixes()
+
+
+class SocketBackend:
+    """Chat against a running `edgeinfer serve`, through the OpenAI client on its socket."""
+
+    def __init__(self, socket_path: str, api_key: str | None) -> None:
+        from edgeinfer.client import client
+
+        self._client = client(socket_path, api_key)
+        self._stream: Any = None
+
+    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Iterator[Chunk | Finish]:
+        import openai
+
+        from edgeinfer.errors import EdgeInferError
+
+        try:
+            self._stream = self._client.chat.completions.create(
+                model="default",
+                messages=messages,  # type: ignore[arg-type]
+                temperature=params.temperature,
+                max_tokens=params.max_tokens,
+                seed=params.seed,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        except openai.APIConnectionError:
+            raise EdgeInferError(f"no edgeinfer server answers on {self._client.base_url} socket; start `edgeinfer serve`") from None
+        except openai.APIStatusError as e:
+            raise EdgeInferError(f"the server refused the request: {e.message}") from None
+        text, reason = "", "stop"
+        for chunk in self._stream:
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    text += choice.delta.content
+                    yield Chunk(0, choice.delta.content, [], 0.0)
+                if choice.finish_reason:
+                    reason = choice.finish_reason
+            if chunk.usage is not None:
+                t = (chunk.model_extra or {}).get("timings", {})
+                cached = t.get("cached_tokens", 0)
+                stats = StreamStats(
+                    prompt_tokens=chunk.usage.prompt_tokens,
+                    cached_tokens=cached,
+                    completion_tokens=chunk.usage.completion_tokens,
+                    ttft_s=(t.get("ttft_s") or [None])[0],
+                    decode_tps=(t.get("decode_tps") or [None])[0],
+                    total_s=0.0,
+                )
+                yield Finish(0, reason, text, [], stats)
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.close()  # closing the connection cancels the stream on the server
+
+    def reset(self) -> None:
+        pass  # the server keeps prefixes by its own LRU policy
+
+
+def stats_line(stats: StreamStats) -> str:
+    parts = [f"{stats.completion_tokens} tokens"]
+    if stats.decode_tps:
+        parts.append(f"{stats.decode_tps:.1f} tok/s")
+    if stats.ttft_s is not None:
+        parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
+    if stats.cached_tokens:
+        parts.append(f"{stats.cached_tokens}/{stats.prompt_tokens} prompt tokens reused")
+    return " · ".join(parts)
+
+
+def run_chat(backend: ChatBackend, system: str | None, params: SamplingParams) -> None:
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    click.echo(click.style("type a message; /help for commands", dim=True))
+    while True:
+        try:
+            line = input(click.style("> ", fg="green", bold=True))
+        except EOFError:
+            click.echo()
+            return
+        except KeyboardInterrupt:
+            click.echo(click.style("\n(/exit or Ctrl-D to leave)", dim=True))
+            continue
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit"):
+            return
+        if cmd == "/help":
+            click.echo(HELP)
+            continue
+        if cmd == "/reset":
+            messages = messages[:1] if system else []
+            backend.reset()
+            click.echo(click.style("conversation cleared", dim=True))
+            continue
+        if cmd.startswith("/"):
+            click.echo(f"unknown command {cmd}; /help lists them")
+            continue
+        messages.append({"role": "user", "content": line})
+        finish = _stream_reply(backend, messages, params)
+        if finish is None or finish.finish_reason == "error":
+            messages.pop()
+            if finish is not None:
+                click.echo(click.style(f"error: {finish.error}", fg="red"))
+            continue
+        messages.append({"role": "assistant", "content": finish.text})
+        note = " · stopped" if finish.finish_reason == "cancelled" else ""
+        click.echo(click.style(stats_line(finish.stats) + note, dim=True))
+
+
+def _stream_reply(backend: ChatBackend, messages: list[dict[str, str]], params: SamplingParams) -> Finish | None:
+    finish: Finish | None = None
+    events = backend.reply(messages, params)
+    try:
+        for ev in events:
+            if isinstance(ev, Chunk):
+                click.echo(ev.text, nl=False)
+            else:
+                finish = ev
+    except KeyboardInterrupt:
+        backend.cancel()
+        # Drain to the Finish so the stream's figures (and KV) are settled.
+        with contextlib.suppress(KeyboardInterrupt):
+            for ev in events:
+                if isinstance(ev, Finish):
+                    finish = ev
+    click.echo()
+    return finish

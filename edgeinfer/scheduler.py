@@ -1,0 +1,345 @@
+"""The scheduler: which tokens of which streams go into the next llama_decode.
+
+Pure Python; it knows nothing of llama.cpp. Each stream has `tokens` (prompt plus
+generated) and `n_computed`, the number of those already in the KV cache. A step
+moves every running stream's `n_computed` towards `len(tokens)` under one token
+budget: a decoding stream needs one token, a new prompt takes what budget is left
+(chunked prefill), so there is no separate prefill phase.
+
+KV cells are accounted by reservation: a request reserves its prompt plus `n` times
+its `max_new` tokens when admitted, so a running stream can never run out of cells.
+Finished streams may be *retained*: their KV stays, keyed by the tokens it holds, so
+that a later prompt with the same prefix (the next chat turn) skips that prefill.
+Retained entries are evicted least recently used whenever admission needs the room.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.errors import QueueFullError, RequestError
+
+
+class Status(enum.IntEnum):
+    """Ordered so that `status >= Status.STOPPED` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    STOPPED = 2  # end-of-generation token or stop string
+    LENGTH = 3  # max_tokens or the context reached
+    CANCELLED = 4
+    ERROR = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= Status.STOPPED
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """One generation stream: one sequence id in the KV cache while it runs."""
+
+    id: int
+    group: Group
+    index: int  # position within its group (0..n-1)
+    tokens: list[int]  # prompt + generated; the KV holds tokens[:n_computed]
+    n_prompt: int
+    max_new: int  # generated tokens at most
+    status: Status = Status.WAITING
+    seq: int = -1  # llama.cpp sequence id, -1 before admission
+    n_computed: int = 0
+    n_cached: int = 0  # prompt tokens reused from retained KV instead of computed
+    fork_pending: bool = False  # waits for its group's leader to finish the prompt
+    cancel_requested: bool = False
+    payload: Any = None  # the engine's per-stream state (sampler, text, sink)
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    """The streams of one request: `n` completions of one prompt, sharing its KV."""
+
+    prompt: list[int]
+    n: int
+    max_new: int
+    retain: bool = True  # keep the KV of a finished single stream for prefix reuse
+    streams: list[Stream] = field(default_factory=list)
+    n_live: int = 0
+
+    @property
+    def reserve(self) -> int:
+        """KV cells this request can occupy at most: the shared prompt, then n continuations."""
+        return len(self.prompt) + self.n * self.max_new
+
+
+@dataclass(slots=True)
+class KvOp:
+    """A KV-cache edit to apply before the batch: remove [p0, p1) of seq, or copy src to dst."""
+
+    kind: str  # "rm" or "cp"
+    seq: int
+    p0: int = -1
+    p1: int = -1
+    dst: int = -1
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """Tokens of one stream in the batch, and which streams sample from its last row."""
+
+    stream: Stream
+    tokens: list[int]
+    pos0: int  # position of tokens[0]
+    samplers: list[Stream]  # empty: no logits needed (a prompt chunk that is not the last)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """Everything the engine does in one step."""
+
+    kv_ops: list[KvOp]
+    items: list[BatchItem]
+    finished: list[Stream]  # streams finished by cancellation since the last step
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(it.tokens) for it in self.items)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    """Holds waiting and running streams and plans each step."""
+
+    def __init__(
+        self,
+        n_ctx: int,
+        max_streams: int,
+        n_seq_ids: int,
+        token_budget: int,
+        max_retained: int = 0,
+        max_queue: int | None = None,
+    ) -> None:
+        if token_budget < max_streams:
+            raise ValueError("token budget must be at least the number of streams")
+        if n_seq_ids < max_streams:
+            raise ValueError("need at least one sequence id per stream")
+        self.n_ctx = n_ctx
+        self.max_streams = max_streams
+        self.token_budget = token_budget
+        self.max_retained = max_retained
+        self.max_queue = max_queue
+        self.waiting: deque[Group] = deque()
+        self.running: list[Stream] = []
+        self.free_seqs: list[int] = list(range(n_seq_ids - 1, -1, -1))
+        self.retained: OrderedDict[int, list[int]] = OrderedDict()  # seq -> tokens in its KV; oldest first
+        self.reserved = 0  # cells reserved by admitted groups
+        self._ops: list[KvOp] = []
+        self._next_id = 0
+        self._cancelled_waiting: list[Stream] = []
+        # Counters for stats.
+        self.prompt_tokens_cached = 0
+        self.prompt_tokens_computed = 0
+        self.evictions = 0
+
+    # --- requests ---------------------------------------------------------
+
+    def add(self, prompt: list[int], n: int, max_new: int, retain: bool = True) -> Group:
+        """Queue a request of n streams; raise RequestError if it can never fit."""
+        if not prompt:
+            raise RequestError("the prompt is empty", "prompt")
+        if n > self.max_streams:
+            raise RequestError(f"n={n} streams asked for; this engine runs at most {self.max_streams} (--parallel)", "n")
+        group = Group(list(prompt), n, max_new, retain=retain and n == 1)
+        if group.reserve > self.n_ctx:
+            raise RequestError(
+                f"prompt of {len(prompt)} tokens plus {n} x {max_new} new tokens needs {group.reserve} KV cells; "
+                f"the context holds {self.n_ctx} (raise --ctx-size, or lower max_tokens)",
+                "max_tokens",
+            )
+        if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+            raise QueueFullError(f"the queue is full ({self.max_queue} waiting requests); retry shortly")
+        for i in range(n):
+            s = Stream(self._next_id, group, i, list(prompt), len(prompt), max_new)
+            self._next_id += 1
+            group.streams.append(s)
+        group.n_live = n
+        self.waiting.append(group)
+        return group
+
+    def cancel(self, stream: Stream) -> None:
+        """Ask for a stream to stop; it is finished and its KV freed at the next step."""
+        stream.cancel_requested = True
+
+    @property
+    def n_waiting(self) -> int:
+        return sum(g.n_live for g in self.waiting)
+
+    @property
+    def cells_used(self) -> int:
+        return self.reserved + sum(len(t) for t in self.retained.values())
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self._ops or self._cancelled_waiting)
+
+    # --- the step ---------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        finished = self._apply_cancellations()
+        self._admit()
+        items: list[BatchItem] = []
+        budget = self.token_budget
+        # Decoding streams first: one token each, so running streams never stall.
+        for s in self.running:
+            if not s.fork_pending and len(s.tokens) - s.n_computed == 1:
+                items.append(BatchItem(s, [s.tokens[-1]], s.n_computed, self._samplers(s)))
+                budget -= 1
+        # Then prompt chunks, oldest first, in what budget is left.
+        for s in self.running:
+            left = len(s.tokens) - s.n_computed
+            if budget <= 0:
+                break
+            if s.fork_pending or left <= 1:
+                continue
+            chunk = min(left, budget)
+            samplers = self._samplers(s) if chunk == left else []
+            items.append(BatchItem(s, s.tokens[s.n_computed : s.n_computed + chunk], s.n_computed, samplers))
+            budget -= chunk
+        ops, self._ops = self._ops, []
+        return StepPlan(ops, items, finished)
+
+    def complete(self, plan: StepPlan) -> None:
+        """Record that the plan's batch is now in the KV cache."""
+        for it in plan.items:
+            s = it.stream
+            s.n_computed += len(it.tokens)
+            computed_prompt = min(len(it.tokens), max(0, s.n_prompt - it.pos0))
+            self.prompt_tokens_computed += computed_prompt
+            for child in it.samplers:
+                if child is not s:
+                    # The child shares the leader's prompt cells from now on.
+                    self._ops.append(KvOp("cp", s.seq, 0, s.n_computed, dst=child.seq))
+                    child.n_computed = s.n_computed
+                    child.n_cached = s.n_cached
+                    child.fork_pending = False
+
+    def append(self, stream: Stream, token: int) -> None:
+        """Add a sampled token; the next step feeds it to the model."""
+        stream.tokens.append(token)
+
+    def finish(self, stream: Stream, status: Status) -> None:
+        """End a running stream; its sequence is retained or queued for removal."""
+        assert status.finished and stream.status == Status.RUNNING
+        stream.status = status
+        self.running.remove(stream)
+        group = stream.group
+        group.n_live -= 1
+        if group.retain and status != Status.ERROR and stream.n_computed > 0:
+            self.retained[stream.seq] = stream.tokens[: stream.n_computed]
+        else:
+            self._release_seq(stream.seq)
+        if group.n_live == 0:
+            self.reserved -= group.reserve
+        while len(self.retained) > self.max_retained:
+            self._evict_oldest()
+
+    # --- internals --------------------------------------------------------
+
+    def _apply_cancellations(self) -> list[Stream]:
+        done = self._cancelled_waiting
+        self._cancelled_waiting = []
+        for s in list(self.running):
+            if s.cancel_requested:
+                self.finish(s, Status.CANCELLED)
+                done.append(s)
+        for g in list(self.waiting):
+            for s in g.streams:
+                if s.cancel_requested and s.status == Status.WAITING:
+                    s.status = Status.CANCELLED
+                    g.n_live -= 1
+                    done.append(s)
+            if g.n_live == 0:
+                self.waiting.remove(g)
+        return done
+
+    def _admit(self) -> None:
+        while self.waiting:
+            g = self.waiting[0]
+            if len(self.running) + g.n > self.max_streams or not self._try_admit(g):
+                return
+            self.waiting.popleft()
+
+    def _try_admit(self, g: Group) -> bool:
+        best, lcp = -1, 0
+        for seq, toks in self.retained.items():
+            k = common_prefix(toks, g.prompt)
+            if k > lcp:
+                best, lcp = seq, k
+        # At least the last prompt token is computed again: its logits start the reply.
+        reuse = min(lcp, len(g.prompt) - 1)
+        if reuse <= 0:
+            best = -1
+        while True:
+            reclaim = len(self.retained[best]) if best >= 0 else 0
+            free_cells = self.n_ctx - self.cells_used + reclaim
+            free_ids = len(self.free_seqs) + (1 if best >= 0 else 0)
+            if free_cells >= g.reserve and free_ids >= g.n:
+                break
+            victims = [seq for seq in self.retained if seq != best]
+            if not victims:
+                return False
+            self._evict(victims[0])
+        streams = [s for s in g.streams if s.status == Status.WAITING]
+        leader = streams[0]
+        if best >= 0:
+            del self.retained[best]
+            leader.seq = best
+            leader.n_computed = leader.n_cached = reuse
+            self.prompt_tokens_cached += reuse
+            self._ops.append(KvOp("rm", best, reuse, -1))
+        else:
+            leader.seq = self.free_seqs.pop()
+        for s in streams[1:]:
+            s.seq = self.free_seqs.pop()
+            s.fork_pending = True
+        for s in streams:
+            s.status = Status.RUNNING
+            self.running.append(s)
+        self.reserved += g.reserve
+        return True
+
+    @staticmethod
+    def _samplers(s: Stream) -> list[Stream]:
+        """The streams that sample from s's next logits: s, and its forks still waiting for the prompt."""
+        if s.group.n == 1:
+            return [s]
+        return [s] + [c for c in s.group.streams if c.fork_pending]
+
+    def _release_seq(self, seq: int) -> None:
+        self._ops.append(KvOp("rm", seq))
+        self.free_seqs.append(seq)
+
+    def _evict(self, seq: int) -> None:
+        del self.retained[seq]
+        self._release_seq(seq)
+        self.evictions += 1
+
+    def _evict_oldest(self) -> None:
+        self._evict(next(iter(self.retained)))
+
+    def evict_all(self) -> None:
+        """Drop every retained prefix (e.g. on /reset)."""
+        while self.retained:
+            self._evict_oldest()

@@ -1,0 +1,1 @@
+"""`edgeinfer serve`: an OpenAI-compatible HTTP server on a Unix socket."""

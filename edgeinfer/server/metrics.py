@@ -1,0 +1,51 @@
+"""GET /metrics: the engine's figures in Prometheus text format, read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from edgeinfer.metrics import Histogram
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    buckets = [(str(b), float(c)) for b, c in zip(h.bounds, h.counts)] + [("+Inf", float(h.n))]
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.total)
+
+
+class EngineCollector(Collector):
+    """Collects from whatever engine `get_engine` returns (None while the model loads)."""
+
+    def __init__(self, get_engine: Callable[[], Any]) -> None:
+        self._get_engine = get_engine
+
+    def collect(self) -> Iterator[Any]:
+        engine = self._get_engine()
+        if engine is None:
+            return
+        snap = engine.snapshot()
+        m = engine.metrics
+        yield GaugeMetricFamily("edgeinfer_requests_running", "Streams being decoded.", value=snap["requests"]["running"])
+        yield GaugeMetricFamily("edgeinfer_requests_waiting", "Streams queued for admission.", value=snap["requests"]["waiting"])
+        yield CounterMetricFamily("edgeinfer_requests", "Requests received.", value=m.requests)
+        finished = CounterMetricFamily("edgeinfer_streams_finished", "Streams finished, by reason.", labels=["reason"])
+        for reason, n in sorted(m.finished.items()):
+            finished.add_metric([reason], n)
+        yield finished
+        yield CounterMetricFamily("edgeinfer_prompt_tokens", "Prompt tokens of finished streams.", value=m.prompt_tokens)
+        yield CounterMetricFamily("edgeinfer_generation_tokens", "Tokens generated.", value=m.generated_tokens)
+        tokens = snap["tokens"]
+        yield CounterMetricFamily("edgeinfer_prompt_tokens_cached", "Prompt tokens served from kept KV.", value=tokens["prompt_cached"])
+        yield CounterMetricFamily("edgeinfer_prompt_tokens_computed", "Prompt tokens computed.", value=tokens["prompt_computed"])
+        yield CounterMetricFamily("edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=snap["prefix_cache"]["evictions"])
+        kv = snap["kv"]
+        yield GaugeMetricFamily("edgeinfer_kv_cells_used", "KV cells reserved or kept.", value=kv["used_cells"])
+        yield GaugeMetricFamily("edgeinfer_kv_cells_total", "KV cells in the context.", value=kv["total_cells"])
+        yield GaugeMetricFamily("edgeinfer_kv_usage_ratio", "Share of KV cells in use.", value=kv["used_cells"] / kv["total_cells"])
+        yield CounterMetricFamily("edgeinfer_decode_steps", "llama_decode calls.", value=m.steps)
+        yield CounterMetricFamily("edgeinfer_decode_seconds", "Seconds spent in llama_decode.", value=m.decode_seconds)
+        yield _histogram("edgeinfer_time_to_first_token_seconds", "Submit to first token.", m.ttft_hist)
+        yield _histogram("edgeinfer_inter_token_latency_seconds", "Time between a stream's tokens.", m.itl_hist)

@@ -1,0 +1,145 @@
+"""Engine events to OpenAI's JSON shapes, for chat and text completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Protocol
+
+from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
+
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+
+
+def usage(finishes: list[Finish]) -> dict[str, Any]:
+    """Prompt tokens count once: the n streams of a request share one prompt."""
+    s0 = finishes[0].stats
+    completion = sum(f.stats.completion_tokens for f in finishes)
+    return {
+        "prompt_tokens": s0.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": s0.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": s0.cached_tokens},
+    }
+
+
+def timings(stats: list[StreamStats]) -> dict[str, Any]:
+    """edgeinfer's extra figures: TTFT and decode speed per choice."""
+    return {
+        "ttft_s": [s.ttft_s for s in stats],
+        "decode_tps": [s.decode_tps for s in stats],
+        "cached_tokens": stats[0].cached_tokens,
+    }
+
+
+def _lp_entry(lp: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": lp.text,
+        "logprob": lp.logprob,
+        "bytes": list(lp.text.encode("utf-8")),
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for _, t, v in lp.top],
+    }
+
+
+def _legacy_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "tokens": [lp.text for lp in lps],
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{t: v for _, t, v in lp.top} for lp in lps],
+    }
+
+
+class Format(Protocol):
+    sends_role: bool
+
+    def first_chunk(self, index: int) -> dict[str, Any]: ...
+    def chunk(self, ev: Chunk) -> dict[str, Any]: ...
+    def final_chunk(self, f: Finish) -> dict[str, Any]: ...
+    def usage_chunk(self, finishes: list[Finish]) -> dict[str, Any]: ...
+    def response(self, finishes: list[Finish]) -> dict[str, Any]: ...
+
+
+class _Base:
+    object_name = ""
+    chunk_name = ""
+    sends_role = False
+
+    def __init__(self, model: str, logprobs: bool) -> None:
+        self.model = model
+        self.logprobs = logprobs
+        self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    prefix = "cmpl"
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def usage_chunk(self, finishes: list[Finish]) -> dict[str, Any]:
+        out = self._envelope(self.chunk_name, [])
+        out["usage"] = usage(finishes)
+        out["timings"] = timings([f.stats for f in sorted(finishes, key=lambda f: f.index)])
+        return out
+
+
+class ChatFormat(_Base):
+    prefix = "chatcmpl"
+    chunk_name = "chat.completion.chunk"
+    sends_role = True
+
+    def first_chunk(self, index: int) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}])
+
+    def chunk(self, ev: Chunk) -> dict[str, Any]:
+        lp = {"content": [_lp_entry(ev.logprob)]} if self.logprobs and ev.logprob else None
+        return self._envelope(self.chunk_name, [{"index": ev.index, "delta": {"content": ev.text}, "finish_reason": None, "logprobs": lp}])
+
+    def final_chunk(self, f: Finish) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": f.index, "delta": {}, "finish_reason": FINISH[f.finish_reason], "logprobs": None}])
+
+    def response(self, finishes: list[Finish]) -> dict[str, Any]:
+        finishes = sorted(finishes, key=lambda f: f.index)
+        choices = [
+            {
+                "index": f.index,
+                "message": {"role": "assistant", "content": f.text},
+                "finish_reason": FINISH[f.finish_reason],
+                "logprobs": {"content": [_lp_entry(lp) for lp in f.logprobs or []]} if self.logprobs else None,
+            }
+            for f in finishes
+        ]
+        out = self._envelope("chat.completion", choices)
+        out["usage"] = usage(finishes)
+        out["timings"] = timings([f.stats for f in finishes])
+        return out
+
+
+class CompletionFormat(_Base):
+    prefix = "cmpl"
+    chunk_name = "text_completion"
+
+    def first_chunk(self, index: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chunk(self, ev: Chunk) -> dict[str, Any]:
+        lp = _legacy_logprobs([ev.logprob]) if self.logprobs and ev.logprob else None
+        return self._envelope(self.chunk_name, [{"index": ev.index, "text": ev.text, "finish_reason": None, "logprobs": lp}])
+
+    def final_chunk(self, f: Finish) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": f.index, "text": "", "finish_reason": FINISH[f.finish_reason], "logprobs": None}])
+
+    def response(self, finishes: list[Finish]) -> dict[str, Any]:
+        finishes = sorted(finishes, key=lambda f: f.index)
+        choices = [
+            {
+                "index": f.index,
+                "text": f.text,
+                "finish_reason": FINISH[f.finish_reason],
+                "logprobs": _legacy_logprobs(f.logprobs or []) if self.logprobs else None,
+            }
+            for f in finishes
+        ]
+        out = self._envelope("text_completion", choices)
+        out["usage"] = usage(finishes)
+        out["timings"] = timings([f.stats for f in finishes])
+        return out

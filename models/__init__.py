@@ -1,0 +1,1 @@
+"""The model catalog (catalog.toml), installed as edgeinfer.catalog."""

@@ -1,0 +1,91 @@
+"""The command line through click's CliRunner, and bad model files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgeinfer.cli import main
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_generate_json_with_n_streams(runner, model_path):
+    result = runner.invoke(
+        main, ["generate", "What is 2+2?", "-n", "2", "--max-tokens", "8", "--temperature", "0", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["n"] == 2 and len(doc["completions"]) == 2
+    a, b = doc["completions"]
+    assert a["text"] == b["text"] and a["completion_tokens"] > 0 and a["ttft_s"] > 0
+
+
+def test_generate_streams_text_and_prints_figures(runner):
+    result = runner.invoke(main, ["generate", "Say hello.", "--max-tokens", "6", "--temperature", "0"])
+    assert result.exit_code == 0, result.output
+    assert "tokens" in result.stderr and "TTFT" in result.stderr
+    assert result.stdout.strip()
+
+
+def test_models_lists_the_default_model_and_its_metadata(runner):
+    result = runner.invoke(main, ["models"])
+    assert result.exit_code == 0, result.output
+    assert "smollm2-135m-instruct-q4_1" in result.output
+    assert "llama, 135M params, Q4_1, context 8192, vocab 49152" in result.output
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda tmp, model: tmp / "missing.gguf", "no such file"),
+        (lambda tmp, model: tmp, "is a directory"),
+        (lambda tmp, model: _write(tmp / "notes.gguf", b"hello, this is not a model\n" * 10), "not a GGUF file"),
+        (lambda tmp, model: _write(tmp / "cut.gguf", model.read_bytes()[:2_000_000]), "truncated"),
+        (lambda tmp, model: _write(tmp / "header.gguf", model.read_bytes()[:100]), "truncated"),
+        (lambda tmp, model: _write(tmp / "empty.gguf", b""), "not a GGUF file"),
+    ],
+)
+def test_bad_model_files_give_one_line_errors(runner, tmp_path, model_path, make, message):
+    path = make(tmp_path, model_path)
+    for args in (["generate", "hi", "--model", str(path)], ["models", "show", str(path)]):
+        result = runner.invoke(main, args)
+        assert result.exit_code != 0
+        assert message in result.output and str(path) in result.output
+        assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def _write(path, data):
+    path.write_bytes(data)
+    return path
+
+
+def test_quantize_makes_a_loadable_copy(runner, tmp_path, model_path):
+    out = tmp_path / "q8.gguf"
+    result = runner.invoke(main, ["models", "quantize", str(model_path), str(out), "Q8_0"])
+    assert result.exit_code == 0, result.output
+    shown = runner.invoke(main, ["models", "show", str(out)])
+    assert "Q8_0" in shown.output
+
+
+def test_bad_options_are_refused_clearly(runner):
+    result = runner.invoke(main, ["generate", "hi", "--parallel", "0"])
+    assert result.exit_code != 0 and "--parallel" in result.output and "Traceback" not in result.output
+    result = runner.invoke(main, ["bench", "--concurrency", "a,b"])
+    assert result.exit_code != 0 and "comma-separated" in result.output
+
+
+def test_chat_repl_streams_and_reuses_history(runner):
+    session = "Hi, my name is Ada.\nWhat is my name?\n/help\n/reset\n/exit\n"
+    result = runner.invoke(main, ["chat", "--temperature", "0", "--max-tokens", "24"], input=session)
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.output.splitlines() if "tok/s" in ln or "tokens" in ln]
+    assert len(lines) >= 2
+    assert "prompt tokens reused" in lines[1]
+    assert "/reset" in result.output and "conversation cleared" in result.output

@@ -1,0 +1,197 @@
+"""The engine on the real default model: packing, stops, UTF-8, cancellation, queueing, reuse."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edgeinfer.engine import Engine
+from edgeinfer.errors import RequestError
+from edgeinfer.events import Chunk, Finish
+from edgeinfer.params import EngineConfig, SamplingParams
+
+from .conftest import chat
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "Name three primary colours.",
+    "Explain photosynthesis in one sentence.",
+    "What is 12 times 12?",
+    "Give me a tip for sleeping well.",
+    "Who wrote Romeo and Juliet?",
+    "Describe a sunset.",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
+
+
+def test_packed_streams_match_one_at_a_time(engine):
+    alone = [engine.generate(chat(engine, p), GREEDY) for p in PROMPTS]
+    handles = [engine.submit(chat(engine, p), GREEDY)[0] for p in PROMPTS]
+    packed = [h.result() for h in handles]
+    for a, b in zip(alone, packed):
+        assert a.token_ids == b.token_ids
+        assert a.text == b.text and a.finish_reason == b.finish_reason
+
+
+def test_n_streams_share_one_prompt_and_match_a_single_run(engine):
+    single = engine.generate(chat(engine, PROMPTS[0]), GREEDY)
+    handles = engine.submit(chat(engine, PROMPTS[0]), GREEDY, n=3)
+    results = [h.result() for h in handles]
+    assert [r.index for r in results] == [0, 1, 2]
+    assert all(r.token_ids == single.token_ids for r in results)
+
+
+def test_n_streams_sample_independently_at_temperature(engine):
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=1)
+    texts = {h.result().text for h in engine.submit(chat(engine, "Tell me a story."), params, n=4)}
+    assert len(texts) > 1
+
+
+def test_seed_makes_sampling_reproducible(engine):
+    params = SamplingParams(temperature=0.9, max_tokens=24, seed=1234)
+    a = engine.generate(chat(engine, "Tell me a story."), params)
+    b = engine.generate(chat(engine, "Tell me a story."), params)
+    assert a.token_ids == b.token_ids
+
+
+def test_max_tokens_gives_length_finish(engine):
+    r = engine.generate(chat(engine, "Count from one to one hundred."), SamplingParams(temperature=0, max_tokens=5))
+    assert r.finish_reason == "length" and r.stats.completion_tokens == 5
+
+
+def test_end_of_generation_gives_stop_finish(engine):
+    r = engine.generate(chat(engine, PROMPTS[0]), SamplingParams(temperature=0, max_tokens=200))
+    assert r.finish_reason == "stop"
+    assert engine.vocab.is_eog(r.token_ids[-1])
+    assert "<|im_end|>" not in r.text
+
+
+def test_stop_string_split_across_tokens_is_cut_and_never_streamed(engine):
+    prompt = chat(engine, "Count from one to twenty in words, separated by commas.")
+    base = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=40))
+    pieces = [engine.vocab.piece(t).decode("utf-8", "replace") for t in base.token_ids]
+    # A stop string made of the end of one token and the start of the next.
+    k = next(i for i in range(4, len(pieces) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 2)
+    stop = pieces[k][-2:] + pieces[k + 1][:2]
+    expected = base.text[: base.text.index(stop)]
+    handle = engine.submit(prompt, SamplingParams(temperature=0, max_tokens=40, stop=[stop]))[0]
+    streamed = "".join(ev.text for ev in handle if isinstance(ev, Chunk))
+    assert handle.finish.finish_reason == "stop"
+    assert streamed == expected == handle.finish.text
+    assert stop not in streamed
+
+
+def test_streamed_chunks_are_valid_utf8_when_characters_split_across_tokens(engine):
+    prompt = engine.tokenize("日本語の文章です。今日はとても良い天気ですね。明日は")
+    handle = engine.submit(prompt, SamplingParams(temperature=0, max_tokens=40))[0]
+    chunks = [ev for ev in handle if isinstance(ev, Chunk)]
+    raw = [engine.vocab.piece(t) for t in handle.finish.token_ids]
+    split = 0
+    for piece in raw:
+        try:
+            piece.decode("utf-8")
+        except UnicodeDecodeError:
+            split += 1
+    assert split > 0, "the model's reply should contain characters split across tokens"
+    assert all("\ufffd" not in c.text for c in chunks)
+    assert "".join(c.text for c in chunks) == handle.finish.text == b"".join(raw).decode("utf-8", "replace")
+
+
+def test_cancel_frees_the_streams_kv(model_path):
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as eng:
+        handle = eng.submit(chat(eng, "Write a long essay about the ocean."), SamplingParams(max_tokens=500))[0]
+        seq = handle._stream.seq
+        got = 0
+        for ev in handle:
+            if isinstance(ev, Chunk):
+                got += 1
+                if got == 5:
+                    handle.cancel()
+        assert handle.finish.finish_reason == "cancelled"
+        assert 5 <= handle.finish.stats.completion_tokens < 500
+        assert eng.wait_idle()
+        time.sleep(0.05)  # the rm op is applied at the start of the next step
+        with eng._lock:
+            assert eng.sched.cells_used == 0
+        # One more request runs a step, applying the queued removal; then the sequence is empty.
+        eng.generate(chat(eng, "hi"), SamplingParams(max_tokens=2))
+        assert eng.ctx.seq_pos_max(seq) == -1 or eng.sched.running == []
+
+
+def test_more_requests_than_parallel_queue_and_all_finish(model_path):
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as eng:
+        seen = {"max_running": 0, "max_waiting": 0}
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                snap = eng.snapshot()
+                seen["max_running"] = max(seen["max_running"], snap["requests"]["running"])
+                seen["max_waiting"] = max(seen["max_waiting"], snap["requests"]["waiting"])
+                time.sleep(0.002)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        handles = [eng.submit(chat(eng, p), SamplingParams(temperature=0, max_tokens=12))[0] for p in PROMPTS[:6]]
+        results = [h.result() for h in handles]
+        stop.set()
+        t.join()
+        assert all(r.finish_reason in ("stop", "length") and r.stats.completion_tokens > 0 for r in results)
+        assert seen["max_running"] == 2 and seen["max_waiting"] >= 1
+
+
+def test_multi_turn_chat_reuses_the_history_kv(engine):
+    params = SamplingParams(temperature=0, max_tokens=30)
+    messages = [{"role": "user", "content": "My name is Ada. Tell me about the moon."}]
+    first_prompt = engine.chat_prompt(messages)
+    first = engine.generate(first_prompt, params)
+    messages += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "And the sun?"},
+    ]
+    second_prompt = engine.chat_prompt(messages)
+    second = engine.generate(second_prompt, params)
+    new_turn = len(engine.vocab.tokenize("<|im_start|>user\nAnd the sun?<|im_end|>\n<|im_start|>assistant\n", True, True))
+    computed = second.stats.prompt_tokens - second.stats.cached_tokens
+    assert second.stats.cached_tokens >= len(first_prompt)
+    assert computed <= new_turn + 3  # the end of the last reply and the new turn, not the history
+
+
+def test_prefix_reuse_gives_the_same_greedy_text(model_path):
+    prompt_text = "Explain how rainbows form."
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as cold:
+        want = cold.generate(chat(cold, prompt_text), GREEDY)
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as warm:
+        warm.generate(chat(warm, prompt_text), GREEDY)
+        got = warm.generate(chat(warm, prompt_text), GREEDY)
+    assert got.stats.cached_tokens > 0
+    assert got.token_ids == want.token_ids
+
+
+def test_request_errors_name_the_limit(engine):
+    with pytest.raises(RequestError, match="max_tokens"):
+        engine.submit(chat(engine, "hi"), SamplingParams(max_tokens=10**6))
+    with pytest.raises(RequestError, match="temperature"):
+        engine.submit(chat(engine, "hi"), SamplingParams(temperature=-1))
+    with pytest.raises(RequestError, match="empty"):
+        engine.submit([], SamplingParams())
+    with pytest.raises(RequestError, match="vocabulary"):
+        engine.submit([10**7], SamplingParams())
+
+
+async def test_async_api_streams_events(engine):
+    handles = await engine.asubmit(chat(engine, PROMPTS[0]), SamplingParams(temperature=0, max_tokens=8))
+    events = [ev async for ev in handles[0]]
+    assert isinstance(events[-1], Finish) and events[-1].stats.ttft_s > 0
+    assert "".join(e.text for e in events[:-1] if isinstance(e, Chunk)) == events[-1].text
+
+
+def test_snapshot_reports_model_and_totals(engine):
+    engine.generate(chat(engine, "hi"), SamplingParams(max_tokens=4))
+    snap = engine.snapshot()
+    assert snap["model"]["quantization"] == "Q4_1"
+    assert snap["kv"]["total_cells"] == engine.n_ctx
+    assert snap["tokens"]["generated"] > 0 and snap["requests"]["total"] > 0

@@ -1,0 +1,164 @@
+"""The scheduler without a model: hand-built steps, checking batches, KV ops and accounting."""
+
+import pytest
+
+from edgeinfer.errors import QueueFullError, RequestError
+from edgeinfer.scheduler import Scheduler, Status
+
+
+def make(n_ctx=1000, streams=4, ids=None, budget=64, retained=0, queue=None):
+    return Scheduler(n_ctx, streams, ids or streams + retained, budget, retained, queue)
+
+
+def run_step(s, sampled_token=7):
+    """Plan a step, pretend to decode it, append a token for every sampler."""
+    plan = s.schedule()
+    s.complete(plan)
+    for it in plan.items:
+        for st in it.samplers:
+            s.append(st, sampled_token)
+    return plan
+
+
+def test_decode_tokens_come_first_then_prompt_chunks_within_budget():
+    s = make(budget=16)
+    g1 = s.add(list(range(1, 6)), 1, 10)
+    run_step(s)  # g1 prefilled: 5 tokens, samples
+    g2 = s.add(list(range(100, 140)), 1, 10)
+    plan = s.schedule()
+    assert plan.items[0].stream is g1.streams[0] and len(plan.items[0].tokens) == 1
+    assert plan.items[1].stream is g2.streams[0] and len(plan.items[1].tokens) == 15
+    assert plan.items[1].samplers == []  # a chunk that does not end the prompt needs no logits
+    assert plan.n_tokens == 16
+
+
+def test_long_prompt_is_chunked_and_samples_only_at_its_end():
+    s = make(budget=8)
+    g = s.add(list(range(1, 21)), 1, 5)
+    chunks = []
+    while not g.streams[0].n_generated:
+        plan = run_step(s)
+        chunks.append((len(plan.items[0].tokens), bool(plan.items[0].samplers)))
+    assert chunks == [(8, False), (8, False), (4, True)]
+    assert g.streams[0].n_computed == 20
+
+
+def test_parallel_limit_queues_in_order():
+    s = make(streams=2)
+    groups = [s.add([1, 2, 3], 1, 4) for _ in range(3)]
+    s.schedule()
+    assert [g.streams[0].status for g in groups] == [Status.RUNNING, Status.RUNNING, Status.WAITING]
+    s.finish(groups[0].streams[0], Status.STOPPED)
+    plan = s.schedule()
+    assert groups[2].streams[0].status == Status.RUNNING
+    assert any(op.kind == "rm" and op.seq == groups[0].streams[0].seq for op in plan.kv_ops)
+
+
+def test_kv_reservation_blocks_admission_until_cells_free():
+    s = make(n_ctx=100, streams=4)
+    a = s.add([1] * 30, 1, 30)  # reserves 60
+    b = s.add([2] * 30, 1, 30)  # needs 60: waits
+    s.schedule()
+    assert a.streams[0].status == Status.RUNNING and b.streams[0].status == Status.WAITING
+    assert s.cells_used == 60
+    s.finish(a.streams[0], Status.LENGTH)
+    s.schedule()
+    assert b.streams[0].status == Status.RUNNING and s.cells_used == 60
+
+
+def test_request_larger_than_context_is_refused():
+    s = make(n_ctx=100)
+    with pytest.raises(RequestError, match="KV cells"):
+        s.add([1] * 60, 1, 50)
+    with pytest.raises(RequestError, match="at most 4"):
+        s.add([1], 5, 1)
+
+
+def test_queue_bound():
+    s = make(streams=1, queue=1)
+    s.add([1], 1, 1)
+    with pytest.raises(QueueFullError):
+        s.add([1], 1, 1)
+
+
+def test_fork_children_share_the_prompt_and_sample_from_the_leader_row():
+    s = make(budget=64)
+    g = s.add([5, 6, 7, 8], 3, 4)
+    plan = s.schedule()
+    assert len(plan.items) == 1  # only the leader prefills
+    assert plan.items[0].samplers == g.streams
+    s.complete(plan)
+    for st in g.streams:
+        s.append(st, 9)
+    plan = s.schedule()
+    leader = g.streams[0]
+    cps = [op for op in plan.kv_ops if op.kind == "cp"]
+    assert [(op.seq, op.dst, op.p0, op.p1) for op in cps] == [(leader.seq, c.seq, 0, 4) for c in g.streams[1:]]
+    assert len(plan.items) == 3 and all(len(it.tokens) == 1 and it.pos0 == 4 for it in plan.items)
+    assert s.cells_used == 4 + 3 * 4
+
+
+def test_cancel_frees_the_sequence_at_the_next_step():
+    s = make(retained=0)
+    g = s.add([1, 2, 3], 1, 8)
+    run_step(s)
+    st = g.streams[0]
+    s.cancel(st)
+    plan = s.schedule()
+    assert plan.finished == [st] and st.status == Status.CANCELLED
+    assert [(op.kind, op.seq, op.p0, op.p1) for op in plan.kv_ops] == [("rm", st.seq, -1, -1)]
+    assert not s.running and s.cells_used == 0 and st.seq in s.free_seqs
+
+
+def test_cancel_while_waiting():
+    s = make(streams=1)
+    s.add([1], 1, 2)
+    g = s.add([2], 1, 2)
+    s.schedule()
+    s.cancel(g.streams[0])
+    plan = s.schedule()
+    assert plan.finished == [g.streams[0]] and not s.waiting
+
+
+def test_retained_prefix_is_reused_up_to_divergence():
+    s = make(retained=2)
+    g = s.add([1, 2, 3, 4, 5], 1, 3)
+    run_step(s, 6)
+    run_step(s, 7)
+    st = g.streams[0]
+    s.finish(st, Status.STOPPED)  # KV holds 1..6 (7 was sampled, never decoded)
+    assert s.retained[st.seq] == [1, 2, 3, 4, 5, 6]
+    g2 = s.add([1, 2, 3, 4, 9, 9, 9], 1, 3)
+    plan = s.schedule()
+    new = g2.streams[0]
+    assert new.seq == st.seq and new.n_cached == 4
+    assert [(op.kind, op.seq, op.p0) for op in plan.kv_ops] == [("rm", st.seq, 4)]
+    assert plan.items[0].tokens == [9, 9, 9] and plan.items[0].pos0 == 4
+    assert s.prompt_tokens_cached == 4
+
+
+def test_full_prompt_hit_recomputes_the_last_token():
+    s = make(retained=1)
+    g = s.add([1, 2, 3], 1, 2)
+    run_step(s)
+    s.finish(g.streams[0], Status.STOPPED)
+    g2 = s.add([1, 2, 3], 1, 2)
+    plan = s.schedule()
+    assert plan.items[0].tokens == [3] and plan.items[0].pos0 == 2
+
+
+def test_retained_prefixes_are_evicted_lru_when_admission_needs_room():
+    s = make(n_ctx=40, streams=2, retained=2)
+    a = s.add([1] * 10, 1, 5)
+    run_step(s)
+    s.finish(a.streams[0], Status.STOPPED)
+    b = s.add([2] * 10, 1, 5)
+    run_step(s)
+    s.finish(b.streams[0], Status.STOPPED)
+    assert len(s.retained) == 2 and s.cells_used == 20  # each KV holds its 10 prompt tokens
+    c = s.add([3] * 20, 1, 10)  # needs 30 of 40, 20 free: evicting the oldest (a) is enough
+    plan = s.schedule()
+    assert c.streams[0].status == Status.RUNNING
+    assert s.evictions == 1 and list(s.retained) == [b.streams[0].seq]
+    assert [op.seq for op in plan.kv_ops if op.kind == "rm"] == [a.streams[0].seq]
+    assert s.cells_used == 40
