@@ -49,8 +49,8 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def config_from(kw: dict[str, Any]) -> EngineConfig:
-    """Pop the engine options out of a command's keyword arguments."""
-    return EngineConfig(
+    """Pop the engine options out of a command's keyword arguments; refuse bad values."""
+    config = EngineConfig(
         model=kw.pop("model"),
         parallel=kw.pop("parallel"),
         ctx_size=kw.pop("ctx_size"),
@@ -62,6 +62,8 @@ def config_from(kw: dict[str, Any]) -> EngineConfig:
         flash_attn=kw.pop("flash_attn"),
         kv_type=kw.pop("kv_type"),
     )
+    config.validate()
+    return config
 
 
 def make_engine(config: EngineConfig) -> Any:

@@ -229,7 +229,8 @@ class Engine:
             handles = []
             for s in group.streams:
                 h = StreamHandle(self, s, loop)
-                sampler = self._make_sampler(params)
+                # n streams with one seed must still differ: stream i draws with seed + i.
+                sampler = self._make_sampler(params, s.index)
                 if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
                     for t in tokens[-params.repeat_last_n :] if params.repeat_last_n else []:
                         sampler.accept(t)
@@ -456,7 +457,7 @@ class Engine:
                 self.sched.finish(s, Status.ERROR)
                 self._finish_event(s, message)
 
-    def _make_sampler(self, p: SamplingParams) -> Sampler:
+    def _make_sampler(self, p: SamplingParams, index: int = 0) -> Sampler:
         return Sampler(
             self.vocab.n_tokens,
             temperature=p.temperature,
@@ -467,7 +468,7 @@ class Engine:
             frequency_penalty=p.frequency_penalty,
             presence_penalty=p.presence_penalty,
             repeat_last_n=p.repeat_last_n,
-            seed=p.seed,
+            seed=None if p.seed is None else p.seed + index,
         )
 
     def _max_new(self, n_prompt: int, n: int, p: SamplingParams) -> int:

@@ -350,7 +350,8 @@ def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0) -> 
     params = C.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[key]
     params.nthread = threads
-    # Keep the output tensor at the requested type too, so F16 copies are full F16.
+    # A quantized source is allowed: a Q4_1 file can be widened to F16 (a speculation target).
+    params.allow_requantize = True
     rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise ModelLoadError(f"quantizing {src} to {key} failed (code {rc}); is {dst} writable?")

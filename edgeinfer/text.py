@@ -39,11 +39,16 @@ class TextStream:
         return self._emit(buf[: len(buf) - keep])
 
     def flush(self) -> str:
-        """At the end of the stream: whatever was held back, with broken bytes replaced."""
+        """At the end of the stream: whatever was held back.
+
+        The bytes of a character cut off by max_tokens are dropped: that character was
+        never generated whole, and U+FFFD in the output would only be noise.
+        """
         if self.stopped:
             return ""
-        rest = self._hold + self._decoder.decode(b"", final=True)
+        rest = self._hold
         self._hold = ""
+        self._decoder.reset()
         return self._emit(rest)
 
     def _emit(self, s: str) -> str:
