@@ -39,7 +39,9 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ubatch-size", type=int, default=512, show_default=True, help="Physical batch size."),
         click.option("--threads", "-t", type=int, default=0, help="CPU threads (default: all cores)."),
         click.option("--threads-batch", type=int, default=0, help="CPU threads for prompt processing."),
-        click.option("--gpu-layers", "-ngl", type=int, default=0, show_default=True, help="Layers to offload; -1: all."),
+        click.option(
+            "--gpu-layers", "-ngl", type=int, default=0, show_default=True, help="Layers to offload; -1: all."
+        ),
         click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True),
         click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default="f16", show_default=True),
     ]
@@ -117,7 +119,9 @@ def chat(
 
 @main.command()
 @engine_options
-@click.option("--socket", "socket_path", default=None, help="Unix socket path [default: $XDG_RUNTIME_DIR/edgeinfer.sock].")
+@click.option(
+    "--socket", "socket_path", default=None, help="Unix socket path [default: $XDG_RUNTIME_DIR/edgeinfer.sock]."
+)
 @click.option("--no-socket", is_flag=True, help="Serve TCP only (needs --port).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="TCP address, with --port.")
 @click.option("--port", type=int, default=None, help="Also serve TCP on this port (off by default).")
@@ -137,7 +141,8 @@ def serve(
 ) -> None:
     """Serve the OpenAI API (chat, completions, models) on a Unix socket."""
     from edgeinfer.models import resolve_model
-    from edgeinfer.server.run import default_socket_path, serve as run_server
+    from edgeinfer.server.run import default_socket_path
+    from edgeinfer.server.run import serve as run_server
 
     config = config_from(kw)
     config.max_queue = max_queue
@@ -215,8 +220,7 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
 
     if as_json:
         out = [
-            {"index": f.index, "text": f.text, "finish_reason": f.finish_reason, **f.stats.as_dict()}
-            for f in finishes
+            {"index": f.index, "text": f.text, "finish_reason": f.finish_reason, **f.stats.as_dict()} for f in finishes
         ]
         click.echo(json.dumps({"prompt": prompt, "n": n, "completions": out}, indent=2))
         return

@@ -1,8 +1,8 @@
 """Ready OpenAI clients bound to an edgeinfer Unix socket.
 
-    from edgeinfer.client import client
-    oai = client()                      # the default socket
-    oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}])
+from edgeinfer.client import client
+oai = client()                      # the default socket
+oai.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}])
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, Sampler
 from edgeinfer.metrics import Metrics
 from edgeinfer.models import resolve_model
 from edgeinfer.params import EngineConfig, SamplingParams
-from edgeinfer.scheduler import Scheduler, Status, Stream, StepPlan
+from edgeinfer.scheduler import Scheduler, Status, StepPlan, Stream
 from edgeinfer.text import TextStream
 
 _FINISH_REASONS = {
@@ -75,9 +76,9 @@ class StreamHandle:
             yield event
 
     def result(self) -> Finish:
-        """Wait for the end of the stream (sync handles)."""
-        for _ in self:
-            pass
+        """Wait for the end of the stream (sync handles); chunks not yet read are dropped."""
+        if self.finish is None:
+            self.finish = self._q.last()
         assert self.finish is not None
         return self.finish
 
@@ -89,22 +90,42 @@ class StreamHandle:
 
 
 class _SyncQueue:
-    """A minimal blocking queue (queue.SimpleQueue without its import weight in the hot path)."""
+    """A blocking queue whose reader can also wait for the last item alone (no wake-up per token)."""
 
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
         self._cv = threading.Condition()
+        self._waiting = False
+        self._want_last = False
+        self._closed = False
 
     def put(self, item: Any) -> None:
         with self._cv:
             self._items.append(item)
-            self._cv.notify()
+            if isinstance(item, Finish):
+                self._closed = True
+            if self._waiting and (self._closed or not self._want_last):
+                self._cv.notify()
 
     def get(self) -> Any:
         with self._cv:
             while not self._items:
+                self._waiting = True
                 self._cv.wait()
+                self._waiting = False
             return self._items.popleft()
+
+    def last(self) -> Any:
+        """Wait for the final item and return it, dropping the ones before it."""
+        with self._cv:
+            self._want_last = True
+            while not self._closed:
+                self._waiting = True
+                self._cv.wait()
+                self._waiting = False
+            item = self._items.pop()
+            self._items.clear()
+            return item
 
 
 @dataclass(slots=True)
@@ -184,6 +205,7 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._closing = False
+        self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
 
@@ -219,7 +241,9 @@ class Engine:
         if not tokens:
             raise RequestError("the prompt is empty", "prompt")
         if any(not 0 <= t < self.vocab.n_tokens for t in tokens):
-            raise RequestError(f"the prompt has token ids outside the vocabulary (0..{self.vocab.n_tokens - 1})", "prompt")
+            raise RequestError(
+                f"the prompt has token ids outside the vocabulary (0..{self.vocab.n_tokens - 1})", "prompt"
+            )
         max_new = self._max_new(len(tokens), n, params)
         t_submit = time.perf_counter()
         with self._lock:
@@ -240,7 +264,9 @@ class Engine:
             self._wake.notify()
         return handles
 
-    async def asubmit(self, prompt: str | list[int], params: SamplingParams | None = None, n: int = 1) -> list[StreamHandle]:
+    async def asubmit(
+        self, prompt: str | list[int], params: SamplingParams | None = None, n: int = 1
+    ) -> list[StreamHandle]:
         return self.submit(prompt, params, n, loop=asyncio.get_running_loop())
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Finish:
@@ -258,6 +284,21 @@ class Engine:
         with self._lock:
             self.sched.evict_all()
             self._wake.notify()
+
+    def run_exclusive(self, fn: Callable[[Context], Any]) -> Any:
+        """Run fn(ctx) on the engine thread while no stream runs, after dropping kept prefixes.
+
+        For baselines that drive llama.cpp directly (the benchmark's raw loop): the same
+        context and the same OS thread, so both share one set of compute threads.
+        """
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closing:
+                raise EngineClosedError("the engine is closed")
+            self.sched.evict_all()
+            self._exclusive.append((fn, future))
+            self._wake.notify()
+        return future.result()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until no stream is running or waiting (tests, benchmarks)."""
@@ -343,14 +384,27 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self.sched.has_work() and not self._closing:
+                while not self.sched.has_work() and not self._closing and not self._exclusive:
                     self._wake.wait()
                 if self._closing and not self.sched.has_work():
+                    for _, fut in self._exclusive:
+                        fut.set_exception(EngineClosedError("the engine is closed"))
                     return
                 plan = self.sched.schedule()
+                exclusive = None
+                if self._exclusive and not plan.items and not self.sched.running and not self.sched.waiting:
+                    exclusive = self._exclusive.pop(0)
+            if exclusive is not None:
+                self._step(plan)  # applies the queued KV removals first
+                fn, fut = exclusive
+                try:
+                    fut.set_result(fn(self.ctx))
+                except BaseException as e:
+                    fut.set_exception(e)
+                continue
             try:
                 self._step(plan)
-            except BaseException as e:  # noqa: BLE001 - fail every stream rather than hang callers
+            except BaseException as e:
                 self._fail_all(e)
 
     def _step(self, plan: StepPlan) -> None:
@@ -374,7 +428,7 @@ class Engine:
         self.metrics.step(sum(len(it.samplers) for it in plan.items), plan.n_tokens, t1 - t0)
         with self._lock:
             self.sched.complete(plan)
-            for it, row in zip(plan.items, rows):
+            for it, row in zip(plan.items, rows, strict=True):
                 for s in it.samplers:
                     self._sample(s, row, t1)
 

@@ -313,7 +313,11 @@ class Sampler:
         self._h = C.llama_sampler_chain_init(params)
         add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
         if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
-            add(C.llama_sampler_init_penalties(n_vocab, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
+            add(
+                C.llama_sampler_init_penalties(
+                    n_vocab, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty
+                )
+            )
         if temperature <= 0:
             add(C.llama_sampler_init_greedy())
         else:

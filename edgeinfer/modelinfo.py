@@ -62,4 +62,6 @@ def show_model(path: str) -> None:
 
     info = read_gguf(resolve_model(path))
     click.echo(f"{info.path}\n  name: {info.name}\n  {describe(info)}")
-    click.echo(f"  GGUF v{info.version}, {info.n_tensors} tensors, chat template: {'yes' if info.chat_template else 'no'}")
+    click.echo(
+        f"  GGUF v{info.version}, {info.n_tensors} tensors, chat template: {'yes' if info.chat_template else 'no'}"
+    )

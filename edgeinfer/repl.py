@@ -70,7 +70,9 @@ class SocketBackend:
                 stream_options={"include_usage": True},
             )
         except openai.APIConnectionError:
-            raise EdgeInferError(f"no edgeinfer server answers on {self._client.base_url} socket; start `edgeinfer serve`") from None
+            raise EdgeInferError(
+                f"no edgeinfer server answers on {self._client.base_url} socket; start `edgeinfer serve`"
+            ) from None
         except openai.APIStatusError as e:
             raise EdgeInferError(f"the server refused the request: {e.message}") from None
         text, reason = "", "stop"

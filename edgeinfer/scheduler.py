@@ -161,7 +161,9 @@ class Scheduler:
         if not prompt:
             raise RequestError("the prompt is empty", "prompt")
         if n > self.max_streams:
-            raise RequestError(f"n={n} streams asked for; this engine runs at most {self.max_streams} (--parallel)", "n")
+            raise RequestError(
+                f"n={n} streams asked for; this engine runs at most {self.max_streams} (--parallel)", "n"
+            )
         group = Group(list(prompt), n, max_new, retain=retain and n == 1)
         if group.reserve > self.n_ctx:
             raise RequestError(

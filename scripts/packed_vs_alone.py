@@ -39,11 +39,11 @@ def compare(engine: Engine, prompts: list[list[int]], params: SamplingParams) ->
     alone = [engine.generate(p, params) for p in prompts]
     packed = [h.result() for h in [engine.submit(p, params)[0] for p in prompts]]
     out = []
-    for a, b in zip(alone, packed):
+    for a, b in zip(alone, packed, strict=True):
         if a.token_ids == b.token_ids:
             out.append((True, -1, 0.0))
             continue
-        i = next(i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
+        i = next(i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if x != y)
         top = a.logprobs[i].top
         out.append((False, i, top[0][2] - top[1][2]))
     return out
@@ -65,7 +65,7 @@ def main() -> None:
     same = sum(r[0] for r in rows)
     gaps = [r[2] for r in rows if not r[0]]
     print(f"flash-attn {args.flash_attn}: {same}/{len(rows)} prompts identical over {args.max_tokens} greedy tokens")
-    for text, (ok, pos, gap) in zip(PROMPTS, rows):
+    for text, (ok, pos, gap) in zip(PROMPTS, rows, strict=True):
         print(f"  {'same' if ok else f'differs at token {pos:>3}, alone top-2 gap {gap:.3f} nats'}  {text}")
     if gaps:
         print(f"largest top-2 gap at a first difference: {max(gaps):.3f} nats")

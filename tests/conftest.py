@@ -41,7 +41,7 @@ def assert_same_or_near_tie(ref, other) -> bool:
     """
     if ref.token_ids == other.token_ids:
         return True
-    i = next((i for i, (x, y) in enumerate(zip(ref.token_ids, other.token_ids)) if x != y), None)
+    i = next((i for i, (x, y) in enumerate(zip(ref.token_ids, other.token_ids, strict=False)) if x != y), None)
     assert i is not None, "one run is a prefix of the other: they stopped at different lengths without parting"
     top = {t: lp for t, _, lp in ref.logprobs[i].top}
     assert other.token_ids[i] in top, f"at token {i} the other run chose a token outside the reference's top five"

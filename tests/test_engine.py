@@ -33,7 +33,7 @@ def test_packed_streams_match_one_at_a_time(model_path):
         alone = [eng.generate(chat(eng, p), GREEDY) for p in PROMPTS]
         handles = [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]
         packed = [h.result() for h in handles]
-        identical = sum(assert_same_or_near_tie(a, b) for a, b in zip(alone, packed))
+        identical = sum(assert_same_or_near_tie(a, b) for a, b in zip(alone, packed, strict=True))
         # Measured: most of these prompts agree over all 32 tokens (scripts/packed_vs_alone.py).
         assert identical >= len(PROMPTS) // 2
         # Packing itself is deterministic: the same batch twice gives the same tokens.
@@ -163,7 +163,9 @@ def test_multi_turn_chat_reuses_the_history_kv(engine):
     ]
     second_prompt = engine.chat_prompt(messages)
     second = engine.generate(second_prompt, params)
-    new_turn = len(engine.vocab.tokenize("<|im_start|>user\nAnd the sun?<|im_end|>\n<|im_start|>assistant\n", True, True))
+    new_turn = len(
+        engine.vocab.tokenize("<|im_start|>user\nAnd the sun?<|im_end|>\n<|im_start|>assistant\n", True, True)
+    )
     computed = second.stats.prompt_tokens - second.stats.cached_tokens
     assert second.stats.cached_tokens >= len(first_prompt)
     assert computed <= new_turn + 3  # the end of the last reply and the new turn, not the history

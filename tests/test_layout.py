@@ -25,4 +25,11 @@ def test_only_the_wrapper_imports_llama_cpp():
 
 
 def test_the_scheduler_is_pure_python():
-    assert imports_of(ROOT / "edgeinfer" / "scheduler.py") <= {"__future__", "enum", "collections", "dataclasses", "typing", "edgeinfer"}
+    assert imports_of(ROOT / "edgeinfer" / "scheduler.py") <= {
+        "__future__",
+        "enum",
+        "collections",
+        "dataclasses",
+        "typing",
+        "edgeinfer",
+    }

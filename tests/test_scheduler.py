@@ -142,7 +142,7 @@ def test_full_prompt_hit_recomputes_the_last_token():
     g = s.add([1, 2, 3], 1, 2)
     run_step(s)
     s.finish(g.streams[0], Status.STOPPED)
-    g2 = s.add([1, 2, 3], 1, 2)
+    s.add([1, 2, 3], 1, 2)
     plan = s.schedule()
     assert plan.items[0].tokens == [3] and plan.items[0].pos0 == 2
 

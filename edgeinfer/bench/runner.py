@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from edgeinfer.bench.rawloop import run_raw
 from edgeinfer.bench.stats import RunResult, StreamResult
 from edgeinfer.engine import Engine
-from edgeinfer.llamacpp import Context, ContextParams
 from edgeinfer.params import SamplingParams
 
 # Fixed chat prompts; stream i of a run uses prompt i mod len.
@@ -91,37 +90,26 @@ def run_levels(
     repeats: int = 2,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[LevelResult]:
-    """For each concurrency, alternate engine and raw runs; keep the best decode rate of each."""
-    raw_ctx = Context(
-        engine.model,
-        ContextParams(
-            n_ctx=engine.n_ctx,
-            n_batch=engine.ctx.n_batch,
-            n_seq_max=max(levels),
-            n_threads=engine.config.threads,
-            n_threads_batch=engine.config.threads_batch,
-            flash_attn=engine.config.flash_attn,
-            kv_type=engine.config.kv_type,
-        ),
-    )
-    try:
-        warm = chat_prompts(engine, 1)
-        run_engine(engine, warm, 8)
-        run_raw(raw_ctx, warm, 8)
-        out = []
-        for c in levels:
-            prompts = chat_prompts(engine, c)
-            best_e: RunResult | None = None
-            best_r: RunResult | None = None
-            for i in range(repeats):
-                progress(f"concurrency {c}: engine run {i + 1}/{repeats}")
-                e = run_engine(engine, prompts, max_tokens)
-                progress(f"concurrency {c}: raw loop run {i + 1}/{repeats}")
-                r = run_raw(raw_ctx, prompts, max_tokens)
-                best_e = e if best_e is None or e.decode_tps > best_e.decode_tps else best_e
-                best_r = r if best_r is None or r.decode_tps > best_r.decode_tps else best_r
-            assert best_e is not None and best_r is not None
-            out.append(LevelResult(c, best_e, best_r))
-        return out
-    finally:
-        raw_ctx.close()
+    """For each concurrency, alternate engine and raw runs; keep the best decode rate of each.
+
+    The raw loop runs on the engine's own context and thread, between engine runs.
+    """
+    raw = lambda prompts, n: engine.run_exclusive(lambda ctx: run_raw(ctx, prompts, n))  # noqa: E731
+    warm = chat_prompts(engine, 1)
+    run_engine(engine, warm, 8)
+    raw(warm, 8)
+    out = []
+    for c in levels:
+        prompts = chat_prompts(engine, c)
+        best_e: RunResult | None = None
+        best_r: RunResult | None = None
+        for i in range(repeats):
+            progress(f"concurrency {c}: engine run {i + 1}/{repeats}")
+            e = run_engine(engine, prompts, max_tokens)
+            progress(f"concurrency {c}: raw loop run {i + 1}/{repeats}")
+            r = raw(prompts, max_tokens)
+            best_e = e if best_e is None or e.decode_tps > best_e.decode_tps else best_e
+            best_r = r if best_r is None or r.decode_tps > best_r.decode_tps else best_r
+        assert best_e is not None and best_r is not None
+        out.append(LevelResult(c, best_e, best_r))
+    return out

@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,7 +41,7 @@ class ServerState:
             self.engine = self.factory()
         except EdgeInferError as e:
             self.load_error = str(e)
-        except Exception as e:  # noqa: BLE001 - surfaced through /health, never a silent hang
+        except Exception as e:
             self.load_error = f"model load failed: {e!r}"
 
     def ready(self) -> Engine:
@@ -53,7 +52,9 @@ class ServerState:
         return self.engine
 
 
-def make_app(factory: Callable[[], Engine], model_id: str, api_key: str | None = None, load_in_background: bool = True) -> FastAPI:
+def make_app(
+    factory: Callable[[], Engine], model_id: str, api_key: str | None = None, load_in_background: bool = True
+) -> FastAPI:
     """Build the app; the engine is made by `factory` at startup (in a thread, so /health answers 503 meanwhile)."""
     state = ServerState(factory, model_id)
 
@@ -89,7 +90,10 @@ def make_app(factory: Callable[[], Engine], model_id: str, api_key: str | None =
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": int(state.started), "owned_by": "edgeinfer"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_id, "object": "model", "created": int(state.started), "owned_by": "edgeinfer"}],
+        }
 
     @app.get("/metrics", dependencies=guarded)
     async def metrics() -> Response:

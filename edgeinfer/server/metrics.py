@@ -12,7 +12,7 @@ from edgeinfer.metrics import Histogram
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
-    buckets = [(str(b), float(c)) for b, c in zip(h.bounds, h.counts)] + [("+Inf", float(h.n))]
+    buckets = [(str(b), float(c)) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", float(h.n))]
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.total)
 
 
@@ -28,23 +28,37 @@ class EngineCollector(Collector):
             return
         snap = engine.snapshot()
         m = engine.metrics
-        yield GaugeMetricFamily("edgeinfer_requests_running", "Streams being decoded.", value=snap["requests"]["running"])
-        yield GaugeMetricFamily("edgeinfer_requests_waiting", "Streams queued for admission.", value=snap["requests"]["waiting"])
+        yield GaugeMetricFamily(
+            "edgeinfer_requests_running", "Streams being decoded.", value=snap["requests"]["running"]
+        )
+        yield GaugeMetricFamily(
+            "edgeinfer_requests_waiting", "Streams queued for admission.", value=snap["requests"]["waiting"]
+        )
         yield CounterMetricFamily("edgeinfer_requests", "Requests received.", value=m.requests)
         finished = CounterMetricFamily("edgeinfer_streams_finished", "Streams finished, by reason.", labels=["reason"])
         for reason, n in sorted(m.finished.items()):
             finished.add_metric([reason], n)
         yield finished
-        yield CounterMetricFamily("edgeinfer_prompt_tokens", "Prompt tokens of finished streams.", value=m.prompt_tokens)
+        yield CounterMetricFamily(
+            "edgeinfer_prompt_tokens", "Prompt tokens of finished streams.", value=m.prompt_tokens
+        )
         yield CounterMetricFamily("edgeinfer_generation_tokens", "Tokens generated.", value=m.generated_tokens)
         tokens = snap["tokens"]
-        yield CounterMetricFamily("edgeinfer_prompt_tokens_cached", "Prompt tokens served from kept KV.", value=tokens["prompt_cached"])
-        yield CounterMetricFamily("edgeinfer_prompt_tokens_computed", "Prompt tokens computed.", value=tokens["prompt_computed"])
-        yield CounterMetricFamily("edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=snap["prefix_cache"]["evictions"])
+        yield CounterMetricFamily(
+            "edgeinfer_prompt_tokens_cached", "Prompt tokens served from kept KV.", value=tokens["prompt_cached"]
+        )
+        yield CounterMetricFamily(
+            "edgeinfer_prompt_tokens_computed", "Prompt tokens computed.", value=tokens["prompt_computed"]
+        )
+        yield CounterMetricFamily(
+            "edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=snap["prefix_cache"]["evictions"]
+        )
         kv = snap["kv"]
         yield GaugeMetricFamily("edgeinfer_kv_cells_used", "KV cells reserved or kept.", value=kv["used_cells"])
         yield GaugeMetricFamily("edgeinfer_kv_cells_total", "KV cells in the context.", value=kv["total_cells"])
-        yield GaugeMetricFamily("edgeinfer_kv_usage_ratio", "Share of KV cells in use.", value=kv["used_cells"] / kv["total_cells"])
+        yield GaugeMetricFamily(
+            "edgeinfer_kv_usage_ratio", "Share of KV cells in use.", value=kv["used_cells"] / kv["total_cells"]
+        )
         yield CounterMetricFamily("edgeinfer_decode_steps", "llama_decode calls.", value=m.steps)
         yield CounterMetricFamily("edgeinfer_decode_seconds", "Seconds spent in llama_decode.", value=m.decode_seconds)
         yield _histogram("edgeinfer_time_to_first_token_seconds", "Submit to first token.", m.ttft_hist)

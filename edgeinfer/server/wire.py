@@ -88,14 +88,22 @@ class ChatFormat(_Base):
     sends_role = True
 
     def first_chunk(self, index: int) -> dict[str, Any]:
-        return self._envelope(self.chunk_name, [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}])
+        return self._envelope(
+            self.chunk_name,
+            [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}],
+        )
 
     def chunk(self, ev: Chunk) -> dict[str, Any]:
         lp = {"content": [_lp_entry(ev.logprob)]} if self.logprobs and ev.logprob else None
-        return self._envelope(self.chunk_name, [{"index": ev.index, "delta": {"content": ev.text}, "finish_reason": None, "logprobs": lp}])
+        return self._envelope(
+            self.chunk_name, [{"index": ev.index, "delta": {"content": ev.text}, "finish_reason": None, "logprobs": lp}]
+        )
 
     def final_chunk(self, f: Finish) -> dict[str, Any]:
-        return self._envelope(self.chunk_name, [{"index": f.index, "delta": {}, "finish_reason": FINISH[f.finish_reason], "logprobs": None}])
+        return self._envelope(
+            self.chunk_name,
+            [{"index": f.index, "delta": {}, "finish_reason": FINISH[f.finish_reason], "logprobs": None}],
+        )
 
     def response(self, finishes: list[Finish]) -> dict[str, Any]:
         finishes = sorted(finishes, key=lambda f: f.index)
@@ -123,10 +131,15 @@ class CompletionFormat(_Base):
 
     def chunk(self, ev: Chunk) -> dict[str, Any]:
         lp = _legacy_logprobs([ev.logprob]) if self.logprobs and ev.logprob else None
-        return self._envelope(self.chunk_name, [{"index": ev.index, "text": ev.text, "finish_reason": None, "logprobs": lp}])
+        return self._envelope(
+            self.chunk_name, [{"index": ev.index, "text": ev.text, "finish_reason": None, "logprobs": lp}]
+        )
 
     def final_chunk(self, f: Finish) -> dict[str, Any]:
-        return self._envelope(self.chunk_name, [{"index": f.index, "text": "", "finish_reason": FINISH[f.finish_reason], "logprobs": None}])
+        return self._envelope(
+            self.chunk_name,
+            [{"index": f.index, "text": "", "finish_reason": FINISH[f.finish_reason], "logprobs": None}],
+        )
 
     def response(self, finishes: list[Finish]) -> dict[str, Any]:
         finishes = sorted(finishes, key=lambda f: f.index)
