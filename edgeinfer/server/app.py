@@ -35,6 +35,9 @@ class ServerState:
         self.engine: Engine | None = None
         self.load_error: str | None = None
         self.started = time.time()
+        # Run at shutdown after the engine closes (e.g. removing the socket file): uvicorn
+        # re-raises SIGTERM once it has shut down, so code after it never runs.
+        self.on_close: list[Callable[[], None]] = []
 
     def load(self) -> None:
         try:
@@ -67,6 +70,8 @@ def make_app(
         yield
         if state.engine is not None:
             await asyncio.to_thread(state.engine.close)
+        for fn in state.on_close:
+            fn()
 
     app = FastAPI(title="edgeinfer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.edgeinfer = state

@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -56,19 +57,24 @@ def bind_tcp(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
 
 
-def serve(app: object, socket_path: Path | None, tcp: tuple[str, int] | None, grace_s: float = 10.0) -> None:
+def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace_s: float = 10.0) -> None:
     """Run until SIGINT/SIGTERM; then stop accepting, let streams finish for grace_s, cancel, remove the socket."""
     sockets = []
     if socket_path is not None:
         sockets.append(bind_unix_socket(socket_path))
+        app.state.edgeinfer.on_close.append(lambda: _remove(socket_path))
     try:
         if tcp is not None:
             sockets.append(bind_tcp(*tcp))
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s, lifespan="on")  # type: ignore[arg-type]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s, lifespan="on")
         uvicorn.Server(config).run(sockets=sockets)
     finally:
         for s in sockets:
             s.close()
         if socket_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                socket_path.unlink()
+            _remove(socket_path)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

@@ -1,0 +1,344 @@
+"""`edgeinfer serve` over a Unix socket, through the official openai client and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from edgeinfer.client import async_client, client
+
+MODEL = "default"
+
+
+def start_server(sock: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--ctx-size", "8192", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stderr.read()}")
+        try:
+            if raw(sock).get("/health").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("server did not become healthy in 60 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def raw(sock: Path, **kw) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120, **kw)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    sock = tmp_path_factory.mktemp("srv") / "edgeinfer.sock"
+    proc = start_server(sock, "--parallel", "8")
+    yield sock
+    stop_server(proc)
+
+
+@pytest.fixture
+def oai(server):
+    return client(server)
+
+
+def msgs(text):
+    return [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": text}]
+
+
+def test_chat_completion(oai):
+    r = oai.chat.completions.create(
+        model=MODEL, messages=msgs("What is the capital of France?"), temperature=0, max_tokens=20
+    )
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 10 and 0 < r.usage.completion_tokens <= 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    timings = r.model_extra["timings"]
+    assert timings["ttft_s"][0] > 0
+
+
+def test_chat_streaming_matches_non_streaming(oai):
+    kw = dict(model=MODEL, messages=msgs("Name three fruits."), temperature=0, max_tokens=24)
+    whole = oai.chat.completions.create(**kw)
+    stream = oai.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    text, reasons, usage = "", [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == whole.choices[0].message.content
+    assert reasons == [whole.choices[0].finish_reason]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_completions_plain_and_streaming(oai):
+    r = oai.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.choices[0].text and r.usage.completion_tokens == 8
+    streamed = "".join(
+        c.choices[0].text
+        for c in oai.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == r.choices[0].text
+
+
+def test_n_choices_share_the_prompt(oai):
+    r = oai.chat.completions.create(
+        model=MODEL, messages=msgs("Tell me a story."), n=3, temperature=1.0, seed=7, max_tokens=16
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len({c.message.content for c in r.choices}) > 1
+    assert (
+        r.usage.completion_tokens == sum(16 if c.finish_reason == "length" else 0 for c in r.choices)
+        or r.usage.completion_tokens <= 48
+    )
+
+
+def test_logprobs(oai):
+    r = oai.chat.completions.create(
+        model=MODEL, messages=msgs("Say yes."), temperature=0, max_tokens=4, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) >= 1 and all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert content[0].token == content[0].top_logprobs[0].token  # greedy picks the most likely
+
+
+def test_models_and_health(server, oai):
+    ids = [m.id for m in oai.models.list().data]
+    assert ids == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert raw(server).get("/health").json() == {"status": "ok"}
+
+
+async def test_32_concurrent_streams_complete_with_correct_usage(server):
+    aoai = async_client(server)
+
+    async def one(i):
+        stream = await aoai.chat.completions.create(
+            model=MODEL,
+            messages=msgs(f"Count to {i + 3}."),
+            temperature=0,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, usage, reason = 0, None, None
+        async for chunk in stream:
+            for c in chunk.choices:
+                pieces += bool(c.delta.content)
+                reason = c.finish_reason or reason
+            usage = chunk.usage or usage
+        return pieces, usage, reason
+
+    results = await asyncio.gather(*(one(i) for i in range(32)))
+    for pieces, usage, reason in results:
+        assert reason in ("stop", "length")
+        assert usage.completion_tokens <= 12 and pieces <= usage.completion_tokens
+        assert usage.completion_tokens == 12 if reason == "length" else usage.completion_tokens >= 1
+    stats = raw(server).get("/v1/edgeinfer/stats").json()
+    assert stats["requests"]["running"] == 0 and stats["requests"]["waiting"] == 0
+
+
+BAD = [
+    ("malformed JSON", "/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+    ("messages missing", "/v1/chat/completions", {"model": MODEL}, 400, "messages is required"),
+    ("messages empty", "/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
+    (
+        "bad role",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]},
+        400,
+        "role",
+    ),
+    (
+        "content wrong type",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+        400,
+        "content",
+    ),
+    (
+        "temperature too high",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": msgs("hi"), "temperature": 5},
+        400,
+        "temperature",
+    ),
+    (
+        "temperature wrong type",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": msgs("hi"), "temperature": "hot"},
+        400,
+        "temperature",
+    ),
+    ("top_p zero", "/v1/chat/completions", {"model": MODEL, "messages": msgs("hi"), "top_p": 0}, 400, "top_p"),
+    ("n zero", "/v1/chat/completions", {"model": MODEL, "messages": msgs("hi"), "n": 0}, 400, "n"),
+    (
+        "max_tokens negative",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": msgs("hi"), "max_tokens": -1},
+        400,
+        "max_tokens",
+    ),
+    (
+        "max_tokens beyond context",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": msgs("hi"), "max_tokens": 100000},
+        400,
+        "only",
+    ),
+    ("unknown model", "/v1/chat/completions", {"model": "gpt-9", "messages": msgs("hi")}, 404, "not served"),
+    ("unknown field", "/v1/chat/completions", {"model": MODEL, "messages": msgs("hi"), "foo": 1}, 400, "foo"),
+    ("empty stop string", "/v1/chat/completions", {"model": MODEL, "messages": msgs("hi"), "stop": [""]}, 400, "stop"),
+    ("prompt longer than context", "/v1/completions", {"model": MODEL, "prompt": "hello " * 9000}, 400, "context"),
+    ("empty prompt", "/v1/completions", {"model": MODEL, "prompt": ""}, 400, "empty"),
+    ("echo unsupported", "/v1/completions", {"model": MODEL, "prompt": "hi", "echo": True}, 400, "echo"),
+    ("logprobs too many", "/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    ("token ids out of vocab", "/v1/completions", {"model": MODEL, "prompt": [10**7]}, 400, "vocabulary"),
+    ("body is a list", "/v1/chat/completions", [1, 2], 400, "valid dictionary"),
+    ("no such route", "/v1/nothing", {}, 404, "no route"),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs_get_openai_style_errors(server, name, path, body, status, needle):
+    http = raw(server)
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = http.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"]
+    assert http.get("/health").status_code == 200
+
+
+def test_disconnect_mid_stream_cancels_the_stream(server):
+    http = raw(server)
+    body = {
+        "model": MODEL,
+        "messages": msgs("Write a very long essay about rivers."),
+        "max_tokens": 2000,
+        "stream": True,
+        "temperature": 0.8,
+    }
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break
+        assert http.get("/v1/edgeinfer/stats").json()["requests"]["running"] == 1
+    deadline = time.monotonic() + 10
+    while http.get("/v1/edgeinfer/stats").json()["requests"]["running"] != 0:
+        assert time.monotonic() < deadline, "the stream kept running after its client left"
+        time.sleep(0.05)
+    finished = http.get("/v1/edgeinfer/stats").json()["requests"]["finished"]
+    assert finished.get("cancelled", 0) >= 1
+
+
+def test_socket_is_owner_only(server):
+    assert stat.S_IMODE(os.stat(server).st_mode) == 0o600
+
+
+def test_metrics_and_stats_stream(server):
+    http = raw(server)
+    text = http.get("/metrics").text
+    for name in (
+        "edgeinfer_requests_running",
+        "edgeinfer_generation_tokens_total",
+        "edgeinfer_kv_cells_used",
+        "edgeinfer_time_to_first_token_seconds_bucket",
+    ):
+        assert name in text
+    with http.stream("GET", "/v1/edgeinfer/stats/stream", params={"interval": 0.1}) as r:
+        snaps = []
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                snaps.append(json.loads(line[5:]))
+                if len(snaps) == 2:
+                    break
+    assert snaps[0]["model"]["ctx_size"] == 8192 and snaps[1]["time"] > snaps[0]["time"]
+
+
+def test_second_server_on_a_live_socket_refuses(server):
+    r = subprocess.run(
+        [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(server)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and "already listening" in r.stderr and "Traceback" not in r.stderr
+    assert raw(server).get("/health").status_code == 200
+
+
+def test_stale_socket_is_replaced_and_sigterm_removes_it(tmp_path):
+    import socket as so
+
+    sock = tmp_path / "s.sock"
+    dead = so.socket(so.AF_UNIX)
+    dead.bind(str(sock))
+    dead.close()  # a socket file with no server behind it
+    proc = start_server(sock, "--parallel", "2")
+    assert raw(sock).get("/health").status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status says why it ended.
+    assert proc.wait(20) in (0, -signal.SIGTERM)
+    assert not sock.exists()
+
+
+def test_api_key_and_queue_bound(tmp_path):
+    sock = tmp_path / "k.sock"
+    proc = start_server(sock, "--parallel", "1", "--max-queue", "1", "--api-key", "s3cret")
+    try:
+        http = raw(sock)
+        assert http.get("/health").status_code == 200
+        assert http.get("/v1/models").status_code == 401
+        assert http.get("/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            client(sock).models.list()
+        good = client(sock, api_key="s3cret")
+        assert good.models.list().data
+
+        async def burst():
+            aoai = async_client(sock, api_key="s3cret").with_options(max_retries=0)  # see each 503
+
+            async def one():
+                try:
+                    await aoai.chat.completions.create(model=MODEL, messages=msgs("Write a poem."), max_tokens=40)
+                    return 200
+                except openai.APIStatusError as e:
+                    assert e.response.headers.get("retry-after") == "1"
+                    assert "queue is full" in e.message
+                    return e.status_code
+
+            return await asyncio.gather(*(one() for _ in range(5)))
+
+        codes = asyncio.run(burst())
+        assert codes.count(200) >= 2 and 503 in codes
+    finally:
+        stop_server(proc)
