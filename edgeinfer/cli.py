@@ -236,12 +236,26 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated stream counts.")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens generated per stream.")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Runs per level; the best is kept.")
+@click.option("--socket", "socket_path", default=None, help="Measure the server on this socket beside the engine.")
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
 @click.option("--json", "json_out", default=None, help="Write figures as JSON to FILE, or - for stdout.")
 @_errors_as_messages
-def bench(concurrency: str, max_tokens: int, repeats: int, json_out: str | None, **kw: Any) -> None:
-    """Measure decode throughput and TTFT: the engine beside a raw llama_decode loop."""
-    from edgeinfer.bench.report import print_table, write_json
-    from edgeinfer.bench.runner import run_levels
+def bench(
+    concurrency: str,
+    max_tokens: int,
+    repeats: int,
+    socket_path: str | None,
+    api_key: str | None,
+    json_out: str | None,
+    **kw: Any,
+) -> None:
+    """Measure decode throughput and TTFT: the engine beside a raw llama_decode loop.
+
+    With --socket, a running `edgeinfer serve` is measured instead, beside an in-process
+    engine built with the server's own model, context and parallel settings.
+    """
+    from edgeinfer.bench.report import print_socket_table, print_table, write_json
+    from edgeinfer.bench.runner import run_levels, run_socket_levels
 
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
@@ -252,13 +266,29 @@ def bench(concurrency: str, max_tokens: int, repeats: int, json_out: str | None,
     if max_tokens < 2 or repeats < 1:
         raise click.BadParameter("--max-tokens must be at least 2 and --repeats at least 1")
     config = config_from(kw)
+    progress = lambda m: click.echo(click.style(m, dim=True), err=True)  # noqa: E731
+    if socket_path:
+        from edgeinfer.bench.remote import server_info
+
+        path = Path(socket_path).expanduser()
+        info = server_info(path, api_key)["model"]
+        config.model = Path(info["path"])
+        config.ctx_size, config.parallel = info["ctx_size"], info["parallel"]
+        config.kv_type, config.gpu_layers = info["kv_type"], info["gpu_layers"]
+        engine = make_engine(config)
+        try:
+            socket_results = run_socket_levels(engine, path, levels, max_tokens, repeats, api_key, progress)
+        finally:
+            engine.close()
+        print_socket_table(socket_results, max_tokens, str(path))
+        if json_out:
+            write_json(socket_results, json_out, engine, max_tokens)
+        return
     config.parallel = max(levels)
     config.batch_size = max(config.batch_size, config.parallel)
     engine = make_engine(config)
     try:
-        results = run_levels(
-            engine, levels, max_tokens, repeats, progress=lambda m: click.echo(click.style(m, dim=True), err=True)
-        )
+        results = run_levels(engine, levels, max_tokens, repeats, progress=progress)
     finally:
         engine.close()
     print_table(results, max_tokens)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from edgeinfer.bench.runner import LevelResult
+from edgeinfer.bench.runner import LevelResult, SocketLevel
 
 SCHEMA_VERSION = 1
 
@@ -42,9 +42,25 @@ def print_table(results: list[LevelResult], max_tokens: int) -> None:
         )
 
 
-def write_json(results: list[LevelResult], dest: str, engine: Any, max_tokens: int) -> None:
+def print_socket_table(results: list[SocketLevel], max_tokens: int, socket_path: str) -> None:
+    head = (
+        f"{'streams':>7} {'in-process tok/s':>16} {'socket tok/s':>12} {'ratio':>6} "
+        f"{'TTFT p50 ms (in-proc / socket)':>31}"
+    )
+    click.echo(f"\naggregate throughput (prefill included), {max_tokens} tokens per stream, socket {socket_path}")
+    click.echo(head)
+    click.echo("-" * len(head))
+    for r in results:
+        e, s = r.engine, r.socket
+        ratio = s.total_tps / e.total_tps if e.total_tps else 0.0
+        ttft = f"{_ms(e.ttft(50))} / {_ms(s.ttft(50))}"
+        click.echo(f"{r.concurrency:>7} {e.total_tps:>16.1f} {s.total_tps:>12.1f} {ratio:>6.2f} {ttft:>31}")
+
+
+def write_json(results: list[LevelResult] | list[SocketLevel], dest: str, engine: Any, max_tokens: int) -> None:
     doc = {
         "schema": SCHEMA_VERSION,
+        "kind": "socket" if results and isinstance(results[0], SocketLevel) else "engine",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "model": str(engine.model_path),

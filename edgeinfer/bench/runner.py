@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from edgeinfer.bench.rawloop import run_raw
 from edgeinfer.bench.stats import RunResult, StreamResult
@@ -63,13 +64,19 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+def chat_messages(n: int, tag: str = "") -> list[list[dict[str, str]]]:
+    """n user turns; a tag makes every run's prompts new, so no run reuses another's KV."""
+    return [[{"role": "user", "content": f"{tag}{PROMPTS[i % len(PROMPTS)]}"}] for i in range(n)]
+
+
 def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
-    return [engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]) for i in range(n)]
+    return [engine.chat_prompt(m) for m in chat_messages(n)]
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], max_tokens: int) -> RunResult:
+def run_engine(engine: Engine, prompts: list[list[int]], max_tokens: int, reset: bool = True) -> RunResult:
     """Submit every prompt at once; greedy, exactly max_tokens each (end-of-text ignored)."""
-    engine.reset_prefixes()  # no reuse across runs: the raw loop has none either
+    if reset:
+        engine.reset_prefixes()  # no reuse across runs: the raw loop has none either
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     t_start = time.perf_counter()
     handles = [engine.submit(p, params)[0] for p in prompts]
@@ -112,4 +119,66 @@ def run_levels(
             best_r = r if best_r is None or r.decode_tps > best_r.decode_tps else best_r
         assert best_e is not None and best_r is not None
         out.append(LevelResult(c, best_e, best_r))
+    return out
+
+
+@dataclass(slots=True)
+class SocketLevel:
+    """In-process engine and a server over its socket at one concurrency, best of the repeats."""
+
+    concurrency: int
+    engine: RunResult
+    socket: RunResult
+
+    def as_dict(self) -> dict[str, object]:
+        def figures(r: RunResult) -> dict[str, float | None]:
+            return {
+                "decode_tps": round(r.decode_tps, 2),
+                "total_tps": round(r.total_tps, 2),
+                "per_stream_tps": round(r.per_stream_tps, 2),
+                "ttft_p50_s": _r(r.ttft(50)),
+                "ttft_p95_s": _r(r.ttft(95)),
+            }
+
+        ratio = round(self.socket.total_tps / self.engine.total_tps, 3) if self.engine.total_tps else None
+        return {
+            "concurrency": self.concurrency,
+            "engine": figures(self.engine),
+            "socket": figures(self.socket),
+            "socket_over_engine": ratio,
+        }
+
+
+def run_socket_levels(
+    engine: Engine,
+    socket_path: Path,
+    levels: list[int],
+    max_tokens: int,
+    repeats: int = 2,
+    api_key: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[SocketLevel]:
+    """For each concurrency, alternate a run over the socket and one in-process.
+
+    Each run's prompts carry a fresh tag, so neither side reuses an earlier run's KV
+    beyond the shared template prefix, which both keep alike.
+    """
+    from edgeinfer.bench.remote import run_socket
+
+    run_socket(socket_path, chat_messages(1, "warm-up. "), 8, api_key)
+    run_engine(engine, [engine.chat_prompt(m) for m in chat_messages(1, "warm-up. ")], 8, reset=False)
+    out = []
+    for c in levels:
+        best_e: RunResult | None = None
+        best_s: RunResult | None = None
+        for i in range(repeats):
+            progress(f"concurrency {c}: socket run {i + 1}/{repeats}")
+            s = run_socket(socket_path, chat_messages(c, f"Run s{c}.{i}. "), max_tokens, api_key)
+            progress(f"concurrency {c}: in-process run {i + 1}/{repeats}")
+            msgs = chat_messages(c, f"Run e{c}.{i}. ")
+            e = run_engine(engine, [engine.chat_prompt(m) for m in msgs], max_tokens, reset=False)
+            best_e = e if best_e is None or e.total_tps > best_e.total_tps else best_e
+            best_s = s if best_s is None or s.total_tps > best_s.total_tps else best_s
+        assert best_e is not None and best_s is not None
+        out.append(SocketLevel(c, best_e, best_s))
     return out

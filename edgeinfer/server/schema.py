@@ -54,6 +54,7 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    ignore_eos: bool = False  # benchmarks: always generate max_tokens
 
     @field_validator("stop")
     @classmethod
@@ -77,6 +78,7 @@ class _Sampling(_Strict):
             seed=self.seed,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
         )
 
 
