@@ -33,9 +33,9 @@ def test_packed_streams_match_one_at_a_time(model_path):
         alone = [eng.generate(chat(eng, p), GREEDY) for p in PROMPTS]
         handles = [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]
         packed = [h.result() for h in handles]
-        identical = sum(assert_same_or_near_tie(a, b) for a, b in zip(alone, packed, strict=True))
-        # Measured: most of these prompts agree over all 32 tokens (scripts/packed_vs_alone.py).
-        assert identical >= len(PROMPTS) // 2
+        # How often they agree in full is measured by scripts/packed_vs_alone.py (README).
+        for a, b in zip(alone, packed, strict=True):
+            assert_same_or_near_tie(a, b)
         # Which steps the prompts share depends on when each arrives, so a second packed run
         # may batch them differently; it obeys the same bound.
         again = [h.result() for h in [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]]
@@ -125,11 +125,8 @@ def test_cancel_frees_the_streams_kv(model_path):
         assert eng.wait_idle()
         with eng._lock:
             assert eng.sched.cells_used == 0 and seq in eng.sched.free_seqs
-        # The removal runs at the start of the next step. The next request reuses the sequence id,
-        # and its KV then holds only its own 3 prompt tokens (positions 0..2), none of the essay's.
-        nxt = eng.submit([1, 2, 3], SamplingParams(max_tokens=1))[0]
-        nxt.result()
-        assert nxt._stream.seq == seq and eng.ctx.seq_pos_max(seq) == 2
+        # The removal runs at the start of the next step; run_exclusive runs after that step.
+        assert eng.run_exclusive(lambda ctx: ctx.seq_pos_max(seq)) == -1
 
 
 def test_more_requests_than_parallel_queue_and_all_finish(model_path):
