@@ -7,10 +7,11 @@ oai.chat.completions.create(model="default", messages=[{"role": "user", "content
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 
-import httpx
 import openai
 
 from edgeinfer.server.run import default_socket_path
@@ -26,17 +27,22 @@ def _key(api_key: str | None) -> str:
     return api_key or os.environ.get("EDGEINFER_API_KEY") or "none"
 
 
+def _http() -> ModuleType:
+    """The HTTP library this openai release is built on (httpx, or its successor httpx2)."""
+    return importlib.import_module(openai.DefaultHttpxClient.__mro__[1].__module__.split(".")[0])
+
+
 def client(socket_path: str | Path | None = None, api_key: str | None = None, timeout: float = 600.0) -> openai.OpenAI:
-    transport = httpx.HTTPTransport(uds=_path(socket_path))
-    return openai.OpenAI(
-        base_url=BASE_URL, api_key=_key(api_key), http_client=httpx.Client(transport=transport, timeout=timeout)
-    )
+    """An openai.OpenAI that talks to edgeinfer over its Unix socket."""
+    transport = _http().HTTPTransport(uds=_path(socket_path))
+    http_client = openai.DefaultHttpxClient(transport=transport, timeout=timeout)
+    return openai.OpenAI(base_url=BASE_URL, api_key=_key(api_key), http_client=http_client)
 
 
 def async_client(
     socket_path: str | Path | None = None, api_key: str | None = None, timeout: float = 600.0
 ) -> openai.AsyncOpenAI:
-    transport = httpx.AsyncHTTPTransport(uds=_path(socket_path))
-    return openai.AsyncOpenAI(
-        base_url=BASE_URL, api_key=_key(api_key), http_client=httpx.AsyncClient(transport=transport, timeout=timeout)
-    )
+    """An openai.AsyncOpenAI that talks to edgeinfer over its Unix socket."""
+    transport = _http().AsyncHTTPTransport(uds=_path(socket_path))
+    http_client = openai.DefaultAsyncHttpxClient(transport=transport, timeout=timeout)
+    return openai.AsyncOpenAI(base_url=BASE_URL, api_key=_key(api_key), http_client=http_client)

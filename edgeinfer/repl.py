@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import click
 
@@ -62,7 +63,7 @@ class SocketBackend:
         try:
             self._stream = self._client.chat.completions.create(
                 model="default",
-                messages=messages,  # type: ignore[arg-type]
+                messages=cast(Any, messages),
                 temperature=params.temperature,
                 max_tokens=params.max_tokens,
                 seed=params.seed,
@@ -118,9 +119,10 @@ def stats_line(stats: StreamStats) -> str:
 def run_chat(backend: ChatBackend, system: str | None, params: SamplingParams) -> None:
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     click.echo(click.style("type a message; /help for commands", dim=True))
+    prompt = click.style("> ", fg="green", bold=True) if sys.stdout.isatty() else "> "
     while True:
         try:
-            line = input(click.style("> ", fg="green", bold=True))
+            line = input(prompt)
         except EOFError:
             click.echo()
             return

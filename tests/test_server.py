@@ -261,6 +261,33 @@ def test_disconnect_mid_stream_cancels_the_stream(server):
     assert finished.get("cancelled", 0) >= 1
 
 
+def test_chat_cli_talks_to_the_server(server):
+    session = "Hi, my name is Ada.\nWhat is my name?\n/exit\n"
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgeinfer.cli",
+        "chat",
+        "--socket",
+        str(server),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "20",
+    ]
+    r = subprocess.run(cmd, input=session, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    figures = [ln for ln in r.stdout.splitlines() if "tok/s" in ln]
+    assert len(figures) == 2 and "TTFT" in figures[0]
+    assert "prompt tokens reused" in figures[1]  # the server kept the first turn's KV
+
+
+def test_chat_cli_without_a_server_says_so(tmp_path):
+    cmd = [sys.executable, "-m", "edgeinfer.cli", "chat", "--socket", str(tmp_path / "none.sock")]
+    r = subprocess.run(cmd, input="hello\n/exit\n", capture_output=True, text=True, timeout=60)
+    assert "no edgeinfer server answers" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
 def test_socket_is_owner_only(server):
     assert stat.S_IMODE(os.stat(server).st_mode) == 0o600
 

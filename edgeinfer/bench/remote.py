@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 
@@ -40,7 +41,7 @@ async def _run(socket_path: Path, messages: list[list[dict]], max_tokens: int, a
         usage = None
         stream = await client.chat.completions.create(
             model="default",
-            messages=msgs,  # type: ignore[arg-type]
+            messages=cast(Any, msgs),
             max_tokens=max_tokens,
             temperature=0.0,
             stream=True,

@@ -66,7 +66,9 @@ def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace
     try:
         if tcp is not None:
             sockets.append(bind_tcp(*tcp))
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s, lifespan="on")
+        config = uvicorn.Config(
+            app, log_level="warning", timeout_graceful_shutdown=max(1, round(grace_s)), lifespan="on"
+        )
         uvicorn.Server(config).run(sockets=sockets)
     finally:
         for s in sockets:
