@@ -1,0 +1,137 @@
+"""Adaptive speculation: measured costs and acceptance set each stream's draft length every step.
+
+The rule is marginal. Without speculation a step decodes `base` tokens in T(base)
+seconds and yields R0 = streams / T(base) tokens per second. One more token in the
+batch costs `slope` seconds, worth slope * R0 tokens at that rate; the k-th draft token
+of a stream yields alpha^k expected tokens (alpha: the stream's per-token acceptance).
+So a stream drafts its k-th token only while alpha^k > slope * R0. A draft model adds
+one draft step per depth d, worth T_draft * R0 tokens, shared by the streams drafting
+that deep: depth d is used only while the sum of alpha_s^d pays for it. As load rises,
+the batch turns compute-bound, slope * R0 approaches 1, and speculation steps back.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# Batch sizes at which step times are tracked; others are interpolated.
+_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
+
+
+def _bucket(n: int) -> int:
+    i = bisect.bisect_left(_BUCKETS, n)
+    return _BUCKETS[min(i, len(_BUCKETS) - 1)]
+
+
+@dataclass(slots=True)
+class StepCosts:
+    """Exponential moving averages of step seconds by batch size (tokens, or streams for drafts)."""
+
+    weight: float = 0.2
+    table: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, n: int, seconds: float) -> None:
+        b = _bucket(n)
+        old = self.table.get(b)
+        self.table[b] = seconds if old is None else old + self.weight * (seconds - old)
+
+    def estimate(self, n: int) -> float | None:
+        """Seconds for a batch of n: linear between the nearest measured buckets; None if none."""
+        if not self.table:
+            return None
+        xs = sorted(self.table)
+        b = _bucket(n)
+        if b in self.table:
+            return self.table[b]
+        lo = [x for x in xs if x < b]
+        hi = [x for x in xs if x > b]
+        if lo and hi:
+            x0, x1 = lo[-1], hi[0]
+            y0, y1 = self.table[x0], self.table[x1]
+            return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
+        if len(xs) >= 2:  # extrapolate from the two nearest
+            x0, x1 = (xs[-2], xs[-1]) if hi == [] else (xs[0], xs[1])
+            y0, y1 = self.table[x0], self.table[x1]
+            slope = max((y1 - y0) / (x1 - x0), 0.0)
+            return max(y0 + slope * (b - x0), 0.0)
+        return self.table[xs[0]]
+
+
+@dataclass(slots=True)
+class Acceptance:
+    """Per-token acceptance probability, as an exponential moving average of observed drafts."""
+
+    alpha: float
+    weight: float = 0.15
+
+    def update(self, drafted: int, accepted: int) -> None:
+        # Each accepted token is a success; the first rejected one (if any) a failure.
+        for _ in range(accepted):
+            self.alpha += self.weight * (1.0 - self.alpha)
+        if accepted < drafted:
+            self.alpha += self.weight * (0.0 - self.alpha)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A stream that could speculate this step."""
+
+    key: int
+    alpha: float
+    available: int  # drafts it could have (n-gram: what the lookup found; model: the cap)
+
+
+class Controller:
+    """Chooses per-stream draft lengths from measured costs; 0 means no speculation."""
+
+    def __init__(self, max_draft: int, explore_every: int = 32) -> None:
+        self.max_draft = max_draft
+        self.target = StepCosts()
+        self.draft = StepCosts()
+        self.explore_every = explore_every
+        self._steps = 0
+
+    def plan(self, candidates: list[Candidate], base_tokens: int, n_decoding: int, uses_draft_model: bool) -> dict[int, int]:
+        self._steps += 1
+        if not candidates or self.max_draft == 0:
+            return {}
+        t_base = self.target.estimate(base_tokens)
+        t_more = self.target.estimate(base_tokens + max(4, len(candidates)))
+        if t_base is None or t_more is None:
+            return self._explore(candidates)
+        slope = max((t_more - t_base) / max(4, len(candidates)), 0.0)
+        rate = max(n_decoding, 1) / t_base  # tokens/s without speculation
+        per_token = slope * rate  # what one extra batch token costs, in tokens
+        plan = {}
+        for c in candidates:
+            k = 0
+            while k < min(c.available, self.max_draft) and c.alpha ** (k + 1) > per_token:
+                k += 1
+            plan[c.key] = k
+        if uses_draft_model:
+            plan = self._cut_depths(plan, candidates, rate)
+        if not any(plan.values()) and self._steps % self.explore_every == 0:
+            return self._explore(candidates)
+        return plan
+
+    def _cut_depths(self, plan: dict[int, int], candidates: list[Candidate], rate: float) -> dict[int, int]:
+        """Keep draft depth d only while the streams drafting that deep pay for its draft step."""
+        alpha = {c.key: c.alpha for c in candidates}
+        depth = 0
+        for d in range(1, max(plan.values(), default=0) + 1):
+            deep = [key for key, k in plan.items() if k >= d]
+            t_step = self.draft.estimate(len(deep))
+            if t_step is None:
+                break  # unmeasured: take one depth, measure it, decide next time
+            if sum(alpha[key] ** d for key in deep) <= t_step * rate:
+                break
+            depth = d
+        if depth == 0 and not self.draft.table:
+            depth = 1
+        return {key: min(k, depth) for key, k in plan.items()}
+
+    def _explore(self, candidates: list[Candidate]) -> dict[int, int]:
+        """Too little measured yet: a short draft on one stream, to learn its cost and acceptance."""
+        best = max(candidates, key=lambda c: c.alpha)
+        return {best.key: min(2, best.available, self.max_draft)}
