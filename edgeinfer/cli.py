@@ -44,6 +44,16 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True),
         click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default="f16", show_default=True),
+        click.option(
+            "--spec",
+            type=click.Choice(["off", "ngram", "draft", "auto"]),
+            default="auto",
+            show_default=True,
+            help="Speculative decoding; auto drafts only where its measured costs pay (bench: default off).",
+        ),
+        click.option("--draft-model", default=None, help="Draft GGUF of the same vocabulary (for --spec draft/auto)."),
+        click.option("--spec-max", type=int, default=8, show_default=True, help="Draft tokens per stream per step."),
+        click.option("--draft-p-min", type=float, default=0.5, show_default=True, help="Draft confidence cut-off."),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -63,7 +73,15 @@ def config_from(kw: dict[str, Any]) -> EngineConfig:
         gpu_layers=kw.pop("gpu_layers"),
         flash_attn=kw.pop("flash_attn"),
         kv_type=kw.pop("kv_type"),
+        spec=kw.pop("spec"),
+        spec_max=kw.pop("spec_max"),
+        draft_p_min=kw.pop("draft_p_min"),
     )
+    draft = kw.pop("draft_model")
+    if draft is not None:
+        from edgeinfer.models import resolve_model
+
+        config.draft_model = resolve_model(draft)
     config.validate()
     return config
 

@@ -25,7 +25,8 @@ from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, Sampler
 from edgeinfer.metrics import Metrics
 from edgeinfer.models import resolve_model
 from edgeinfer.params import EngineConfig, SamplingParams
-from edgeinfer.scheduler import Scheduler, Status, StepPlan, Stream
+from edgeinfer.scheduler import BatchItem, Scheduler, Status, StepPlan, Stream
+from edgeinfer.spec.runner import SpecState, Speculator
 from edgeinfer.text import TextStream
 
 _FINISH_REASONS = {
@@ -140,6 +141,7 @@ class _Live:
     t_first: float = 0.0
     t_last: float = 0.0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    spec: SpecState | None = None
 
 
 def _stream_row(s: Stream, live: _Live, state: str, now: float) -> dict[str, Any]:
@@ -153,6 +155,7 @@ def _stream_row(s: Stream, live: _Live, state: str, now: float) -> dict[str, Any
         "generated_tokens": s.n_generated,
         "tps": (s.n_generated - 1) / span if s.n_generated > 1 and span > 0 else None,
         "ttft_s": live.t_first - live.t_submit if live.t_first else None,
+        "acceptance": live.spec.accepted / live.spec.drafted if live.spec and live.spec.drafted else None,
         "age_s": now - live.t_submit,
     }
 
@@ -166,21 +169,26 @@ class Engine:
         self.model_path = resolve_model(config.model)
         self.model = Model(self.model_path, gpu_layers=config.gpu_layers)
         keep = config.parallel if config.keep_prefixes is None else config.keep_prefixes
+        ctx_params = ContextParams(
+            n_ctx=config.ctx_size,
+            n_batch=config.batch_size,
+            n_ubatch=config.ubatch_size,
+            n_seq_max=config.parallel + keep,
+            n_threads=config.threads,
+            n_threads_batch=config.threads_batch,
+            flash_attn=config.flash_attn,
+            kv_type=config.kv_type,
+        )
+        self.spec: Speculator | None = None
+        self.spec_error: str | None = None
+        self.spec_enabled = True
         try:
-            self.ctx = Context(
-                self.model,
-                ContextParams(
-                    n_ctx=config.ctx_size,
-                    n_batch=config.batch_size,
-                    n_ubatch=config.ubatch_size,
-                    n_seq_max=config.parallel + keep,
-                    n_threads=config.threads,
-                    n_threads_batch=config.threads_batch,
-                    flash_attn=config.flash_attn,
-                    kv_type=config.kv_type,
-                ),
-            )
+            self.ctx = Context(self.model, ctx_params)
+            if config.spec != "off":
+                self.spec = Speculator(config, self.model, ctx_params)
         except BaseException:
+            if getattr(self, "ctx", None) is not None:
+                self.ctx.close()
             self.model.close()
             raise
         vocab = self.model.vocab
@@ -205,6 +213,7 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._closing = False
+        self._step_tokens = 0  # tokens emitted in the current step
         self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
@@ -259,6 +268,8 @@ class Engine:
                     for t in tokens[-params.repeat_last_n :] if params.repeat_last_n else []:
                         sampler.accept(t)
                 s.payload = _Live(h, params, sampler, TextStream(params.stop), t_submit)
+                if self.spec is not None:
+                    s.payload.spec = self.spec.attach(params, tokens, s.index)
                 handles.append(h)
             self.metrics.requests += 1
             self._wake.notify()
@@ -284,6 +295,10 @@ class Engine:
         with self._lock:
             self.sched.evict_all()
             self._wake.notify()
+
+    def set_speculation(self, on: bool) -> None:
+        """Turn drafting on or off at run time (benchmarks compare both on one engine)."""
+        self.spec_enabled = on
 
     def run_exclusive(self, fn: Callable[[Context], Any]) -> Any:
         """Run fn(ctx) on the engine thread while no stream runs, after dropping kept prefixes.
@@ -353,6 +368,7 @@ class Engine:
             "rate": {"generated_tps_1s": m.generated_tps(1.0), "generated_tps_10s": m.generated_tps(10.0)},
             "latency": m.rolling(),
             "steps": {"count": m.steps, "decode_seconds": m.decode_seconds},
+            "spec": self.spec.stats() if self.spec is not None else {"mode": "off", "error": self.spec_error},
             "streams": streams,
         }
 
@@ -369,6 +385,8 @@ class Engine:
                     self.sched.cancel(s)
             self._wake.notify()
         self._thread.join()
+        if self.spec is not None:
+            self.spec.close()
         self._batch.close()
         self.ctx.close()
         self.model.close()
@@ -390,6 +408,13 @@ class Engine:
                     for _, fut in self._exclusive:
                         fut.set_exception(EngineClosedError("the engine is closed"))
                     return
+            # Drafting happens outside the lock: only this thread changes streams' tokens.
+            if self.spec is not None and self.spec_enabled:
+                try:
+                    self.spec.propose(self.sched.running, self._prefill_estimate())
+                except BaseException as e:
+                    self._drafter_failed(e)
+            with self._lock:
                 plan = self.sched.schedule()
                 exclusive = None
                 if self._exclusive and not plan.items and not self.sched.running and not self.sched.waiting:
@@ -419,18 +444,42 @@ class Engine:
             return
         batch = self._batch
         batch.clear()
-        rows = [batch.add(it.stream.seq, it.tokens, it.pos0, bool(it.samplers)) for it in plan.items]
+        rows = []
+        for it in plan.items:
+            it.row0 = batch.n
+            rows.append(batch.add(it.stream.seq, it.tokens, it.pos0, bool(it.samplers), 0 if it.n_draft else -1))
         t0 = time.perf_counter()
         if not self.ctx.decode(batch):
             self._kv_full(plan)
             return
         t1 = time.perf_counter()
-        self.metrics.step(sum(len(it.samplers) for it in plan.items), plan.n_tokens, t1 - t0)
+        if self.spec is not None:
+            self.spec.observe_step(plan.n_tokens, t1 - t0)
+        self._step_tokens = 0
         with self._lock:
             self.sched.complete(plan)
             for it, row in zip(plan.items, rows, strict=True):
+                if it.n_draft:
+                    self._verify(it, t1)
+                    continue
                 for s in it.samplers:
                     self._sample(s, row, t1)
+        self.metrics.step(self._step_tokens, plan.n_tokens, t1 - t0)
+
+    def _verify(self, it: BatchItem, now: float) -> None:
+        """Emit the accepted drafts and the target's own next token; drop the rejected KV."""
+        assert self.spec is not None
+        s = it.stream
+        out = self.spec.verify(self.ctx, it, s.payload.sampler)
+        self.sched.reject(s, it.n_draft - (len(out) - 1))
+        for j, token in enumerate(out):
+            status = self._emit(s, token, now, None)
+            if status is not None:
+                # Finished early: the accepted positions after this token leave the KV too.
+                self.sched.reject(s, len(out) - 1 - j)
+                self._end(s, status)
+                break
+        self.spec.emitted(s, out)
 
     def _sample(self, s: Stream, row: int, now: float) -> None:
         live: _Live = s.payload
@@ -439,6 +488,16 @@ class Engine:
         if live.params.logprobs is not None:
             lp = self._logprob(row, token, live.params.logprobs)
             live.logprobs.append(lp)
+        status = self._emit(s, token, now, lp)
+        if status is not None:
+            self._end(s, status)
+        elif self.spec is not None:
+            self.spec.emitted(s, [token])
+
+    def _emit(self, s: Stream, token: int, now: float, lp: TokenLogprob | None) -> Status | None:
+        """Hand one generated token to the stream; return the status it finishes with, if it does."""
+        live: _Live = s.payload
+        self._step_tokens += 1
         if live.t_first == 0.0:
             live.t_first = now
             self.metrics.ttft(now - live.t_submit)
@@ -447,17 +506,16 @@ class Engine:
         live.t_last = now
         self.sched.append(s, token)
         if self.vocab.is_eog(token) and not live.params.ignore_eos:
-            self._end(s, Status.STOPPED)
-            return
+            return Status.STOPPED
         delta = live.text.feed(self.vocab.piece(token))
         if live.text.stopped:
             if delta:
                 live.handle._push(Chunk(s.index, delta, [token], now - live.t_submit))
-            self._end(s, Status.STOPPED)
-            return
+            return Status.STOPPED
         live.handle._push(Chunk(s.index, delta, [token], now - live.t_submit, lp))
         if s.n_generated >= s.max_new:
-            self._end(s, Status.LENGTH)
+            return Status.LENGTH
+        return None
 
     def _end(self, s: Stream, status: Status) -> None:
         self.sched.finish(s, status)
@@ -494,6 +552,20 @@ class Engine:
         best = best[np.argsort(-logp[best])]
         piece = lambda t: self.vocab.piece(int(t)).decode("utf-8", "replace")  # noqa: E731
         return TokenLogprob(token, piece(token), float(logp[token]), [(int(t), piece(t), float(logp[t])) for t in best])
+
+    def _prefill_estimate(self) -> int:
+        """Prompt tokens the next step will likely carry (for the speculation cost model)."""
+        left = sum(len(s.tokens) - s.n_computed for s in self.sched.running if len(s.tokens) - s.n_computed > 1)
+        return min(left, self.ctx.n_batch)
+
+    def _drafter_failed(self, error: BaseException) -> None:
+        """Drafting broke (e.g. the draft context is full): go on without speculation."""
+        for s in self.sched.running:
+            s.draft = []
+        if self.spec is not None:
+            self.spec.close()
+        self.spec = None
+        self.spec_error = str(error)
 
     def _kv_full(self, plan: StepPlan) -> None:
         """llama.cpp found no room for the batch (fragmentation): end the youngest stream and go on."""

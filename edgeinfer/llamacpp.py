@@ -267,8 +267,11 @@ class Batch:
         self.n = 0
         self.raw.n_tokens = 0
 
-    def add(self, seq: int, tokens: list[int], pos0: int, want_logits: bool) -> int:
-        """Append tokens of one sequence at positions pos0...; return the output row of the last, or -1."""
+    def add(self, seq: int, tokens: list[int], pos0: int, want_logits: bool, logits_from: int = -1) -> int:
+        """Append tokens of one sequence at positions pos0...; return the batch row of the last, or -1.
+
+        logits_from >= 0 asks for logits at every token from that offset on (draft verification).
+        """
         k = len(tokens)
         i, j = self.n, self.n + k
         if j > self.capacity:
@@ -281,6 +284,8 @@ class Batch:
             seq_ids[r][0] = seq
         if want_logits:
             self._logits[j - 1] = 1
+        if logits_from >= 0:
+            self._logits[i + logits_from : j] = 1
         self.n = j
         self.raw.n_tokens = j
         return j - 1 if want_logits else -1

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from edgeinfer.errors import ConfigError, RequestError
 
+SPEC_MODES = ("off", "ngram", "draft", "auto")
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -25,6 +27,10 @@ class EngineConfig:
     kv_type: str = "f16"
     max_queue: int | None = None  # waiting requests at most; None: unbounded
     keep_prefixes: int | None = None  # finished streams whose KV is kept for reuse; None: = parallel
+    spec: str = "off"  # off | ngram | draft | auto (adaptive; the draft model if given, else n-gram)
+    draft_model: Path | None = None
+    spec_max: int = 8  # draft tokens per stream per step at most
+    draft_p_min: float = 0.5  # a draft model stops drafting below this confidence
 
     def validate(self) -> None:
         if not 1 <= self.parallel <= 128:
@@ -37,6 +43,14 @@ class EngineConfig:
             raise ConfigError("--ubatch-size must be positive; --threads and --gpu-layers must not be negative")
         if self.max_queue is not None and self.max_queue < 0:
             raise ConfigError("--max-queue must not be negative")
+        if self.spec not in SPEC_MODES:
+            raise ConfigError(f"--spec {self.spec!r} is not one of {', '.join(SPEC_MODES)}")
+        if self.spec == "draft" and self.draft_model is None:
+            raise ConfigError("--spec draft needs --draft-model PATH (a smaller model of the same vocabulary)")
+        if not 1 <= self.spec_max <= 32:
+            raise ConfigError(f"--spec-max {self.spec_max} is out of range; use 1 to 32")
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise ConfigError("--draft-p-min must be in [0, 1)")
 
 
 @dataclass(slots=True)

@@ -54,6 +54,7 @@ class Stream:
     n_cached: int = 0  # prompt tokens reused from retained KV instead of computed
     fork_pending: bool = False  # waits for its group's leader to finish the prompt
     cancel_requested: bool = False
+    draft: list[int] = field(default_factory=list)  # speculative tokens to verify in the next step
     payload: Any = None  # the engine's per-stream state (sampler, text, sink)
 
     @property
@@ -97,6 +98,8 @@ class BatchItem:
     tokens: list[int]
     pos0: int  # position of tokens[0]
     samplers: list[Stream]  # empty: no logits needed (a prompt chunk that is not the last)
+    n_draft: int = 0  # trailing draft tokens: every position after tokens[0] needs logits
+    row0: int = -1  # batch row of tokens[0], set when the batch is filled
 
 
 @dataclass(slots=True)
@@ -203,11 +206,16 @@ class Scheduler:
         self._admit()
         items: list[BatchItem] = []
         budget = self.token_budget
-        # Decoding streams first: one token each, so running streams never stall.
+        # Decoding streams first: one token each (plus any draft), so running streams never stall.
+        n_decoding = sum(1 for s in self.running if not s.fork_pending and len(s.tokens) - s.n_computed == 1)
+        spare = budget - n_decoding
         for s in self.running:
             if not s.fork_pending and len(s.tokens) - s.n_computed == 1:
-                items.append(BatchItem(s, [s.tokens[-1]], s.n_computed, self._samplers(s)))
-                budget -= 1
+                draft = s.draft[: max(0, spare)]
+                spare -= len(draft)
+                items.append(BatchItem(s, [s.tokens[-1], *draft], s.n_computed, self._samplers(s), len(draft)))
+                budget -= 1 + len(draft)
+            s.draft = []
         # Then prompt chunks, oldest first, in what budget is left.
         for s in self.running:
             left = len(s.tokens) - s.n_computed
@@ -236,6 +244,12 @@ class Scheduler:
                     child.n_computed = s.n_computed
                     child.n_cached = s.n_cached
                     child.fork_pending = False
+
+    def reject(self, stream: Stream, n: int) -> None:
+        """Drop the last n computed positions (rejected drafts); their cells go at the next step."""
+        if n > 0:
+            stream.n_computed -= n
+            self._ops.append(KvOp("rm", stream.seq, stream.n_computed, -1))
 
     def append(self, stream: Stream, token: int) -> None:
         """Add a sampled token; the next step feeds it to the model."""

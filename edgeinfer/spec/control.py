@@ -92,7 +92,9 @@ class Controller:
         self.explore_every = explore_every
         self._steps = 0
 
-    def plan(self, candidates: list[Candidate], base_tokens: int, n_decoding: int, uses_draft_model: bool) -> dict[int, int]:
+    def plan(
+        self, candidates: list[Candidate], base_tokens: int, n_decoding: int, uses_draft_model: bool
+    ) -> dict[int, int]:
         self._steps += 1
         if not candidates or self.max_draft == 0:
             return {}

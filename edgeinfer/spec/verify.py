@@ -79,10 +79,7 @@ def sampling_probs(
     """
     x = logits.astype(np.float64)
     n = x.shape[0]
-    if 0 < top_k < n:
-        cand = np.argpartition(-x, top_k - 1)[:top_k]
-    else:
-        cand = np.arange(n)
+    cand = np.argpartition(-x, top_k - 1)[:top_k] if 0 < top_k < n else np.arange(n)
     cand = cand[np.argsort(-x[cand], kind="stable")]  # best first
     v = x[cand]
     keep = np.ones(len(cand), dtype=bool)

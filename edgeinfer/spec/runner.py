@@ -1,0 +1,196 @@
+"""Speculation inside the engine's step: who drafts how much, drafting, and verification.
+
+The engine calls propose() before planning a step (it sets each stream's draft) and
+verify() after the decode for every stream whose batch item carried drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.llamacpp import Context, ContextParams, Model
+from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.scheduler import BatchItem, Stream
+from edgeinfer.spec.control import Acceptance, Candidate, Controller
+from edgeinfer.spec.draft import DraftModel, DraftRequest
+from edgeinfer.spec.ngram import NgramIndex
+from edgeinfer.spec.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
+
+PRIOR_ALPHA = {"ngram": 0.5, "draft": 0.7}
+
+
+@dataclass(slots=True)
+class SpecState:
+    """One stream's speculation state."""
+
+    params: SamplingParams
+    ngram: NgramIndex | None
+    accept: Acceptance
+    rng: np.random.Generator
+    q: np.ndarray | None = None  # draft distributions of the pending draft (draft model, temperature > 0)
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(slots=True)
+class SpecCounters:
+    """Totals for stats and /metrics."""
+
+    max_draft: int
+    drafted: int = 0
+    accepted: int = 0
+    verifications: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # drafts made at position i (1-based i = index + 1)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.drafted_at = [0] * self.max_draft
+        self.accepted_at = [0] * self.max_draft
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.verifications += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+
+class Speculator:
+    """Drafts for decoding streams and verifies the drafts, losslessly."""
+
+    def __init__(self, config: EngineConfig, target: Model, ctx_params: ContextParams) -> None:
+        self.mode = config.spec
+        self.adaptive = config.spec == "auto"
+        self.drafter: DraftModel | None = None
+        if config.draft_model is not None:
+            self.drafter = DraftModel(config.draft_model, target, ctx_params, config.draft_p_min)
+        self.source = "draft" if self.drafter is not None and self.mode != "ngram" else "ngram"
+        self.max_draft = config.spec_max
+        self.controller = Controller(config.spec_max)
+        self.counters = SpecCounters(config.spec_max)
+        self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
+
+    def attach(self, params: SamplingParams, prompt: list[int], index: int) -> SpecState | None:
+        """Speculation state for a new stream; None where speculation cannot be lossless here."""
+        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+            return None  # penalties depend on every emitted token; the verifiers do not model them
+        if params.logprobs is not None:
+            return None
+        ngram = None
+        if self.source == "ngram":
+            ngram = NgramIndex()
+            ngram.extend(prompt)
+        seed = None if params.seed is None else params.seed + index
+        return SpecState(params, ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
+
+    # --- before the step ----------------------------------------------------
+
+    def propose(self, running: list[Stream], prefill_tokens: int) -> None:
+        """Set s.draft for decoding streams worth drafting for."""
+        decoding = [s for s in running if not s.fork_pending and len(s.tokens) - s.n_computed == 1]
+        cands: list[Candidate] = []
+        by_id: dict[int, Stream] = {}
+        ngram_drafts: dict[int, list[int]] = {}
+        for s in decoding:
+            st: SpecState | None = s.payload.spec
+            room = min(self.max_draft, s.max_new - s.n_generated - 1)
+            if st is None or room <= 0:
+                continue
+            if st.ngram is not None:
+                found = st.ngram.draft(room)
+                if not found:
+                    continue
+                ngram_drafts[s.id] = found
+                room = len(found)
+            cands.append(Candidate(s.id, st.accept.alpha, room))
+            by_id[s.id] = s
+        if not cands:
+            return
+        if self.adaptive:
+            base = len(decoding) + prefill_tokens
+            plan = self.controller.plan(cands, base, len(decoding), self.drafter is not None)
+        else:
+            plan = {c.key: c.available for c in cands}
+        plan = {key: k for key, k in plan.items() if k > 0}
+        if not plan:
+            return
+        if self.source == "ngram":
+            for key, k in plan.items():
+                by_id[key].draft = ngram_drafts[key][:k]
+            return
+        assert self.drafter is not None
+        reqs = []
+        for key, k in plan.items():
+            s = by_id[key]
+            p = s.payload.spec.params
+            reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, s.payload.spec.rng))
+        drafts = self.drafter.draft(reqs, self.controller.draft.observe)
+        for key in plan:
+            s = by_id[key]
+            d = drafts[s.seq]
+            s.draft = d.tokens
+            s.payload.spec.q = d.q
+
+    # --- after the decode -----------------------------------------------------
+
+    def observe_step(self, n_tokens: int, seconds: float) -> None:
+        self.controller.target.observe(n_tokens, seconds)
+
+    def verify(self, ctx: Context, item: BatchItem, sampler: Any) -> list[int]:
+        """The tokens to emit for a stream whose item carried drafts (accepted drafts, then one more)."""
+        s = item.stream
+        st: SpecState = s.payload.spec
+        draft = item.tokens[1:]
+        k = len(draft)
+        row0 = item.row0
+        p = st.params
+        if p.temperature <= 0:
+            argmax = [int(np.argmax(ctx.logits(row0 + i))) for i in range(k + 1)]
+            out = verify_greedy(draft, argmax)
+        elif st.q is not None and len(st.q) == k:
+            probs = np.stack(
+                [sampling_probs(ctx.logits(row0 + i), p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
+            )
+            out = verify_rejection(draft, st.q, probs, st.rng)
+        else:
+            samples: list[int] = []
+            for i in range(k + 1):
+                samples.append(sampler.sample(ctx, row0 + i))
+                if i < k and samples[-1] != draft[i]:
+                    break
+            out = verify_sample_match(draft, samples)
+        st.q = None
+        accepted = len(out) - 1
+        st.drafted += k
+        st.accepted += accepted
+        st.accept.update(k, accepted)
+        self._prior.update(k, accepted)
+        self.counters.record(k, accepted)
+        return out
+
+    def emitted(self, s: Stream, tokens: list[int]) -> None:
+        st: SpecState | None = s.payload.spec
+        if st is not None and st.ngram is not None:
+            st.ngram.extend(tokens)
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "mode": self.mode,
+            "source": self.source,
+            "drafted": c.drafted,
+            "accepted": c.accepted,
+            "acceptance": c.accepted / c.drafted if c.drafted else None,
+            "acceptance_by_position": [a / d if d else None for a, d in zip(c.accepted_at, c.drafted_at, strict=True)],
+            "mean_accepted": c.accepted / c.verifications if c.verifications else None,
+            "verifications": c.verifications,
+        }
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
