@@ -146,6 +146,7 @@ def chat(
 @click.option("--max-queue", type=int, default=64, show_default=True, help="Waiting requests before 503s.")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
 @click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds streams get to finish on shutdown.")
+@click.option("--dashboard", is_flag=True, help="Show the live dashboard (`edgeinfer top`) in this terminal.")
 @_errors_as_messages
 def serve(
     socket_path: str | None,
@@ -155,6 +156,7 @@ def serve(
     max_queue: int,
     api_key: str | None,
     grace: float,
+    dashboard: bool,
     **kw: Any,
 ) -> None:
     """Serve the OpenAI API (chat, completions, models) on a Unix socket."""
@@ -167,6 +169,8 @@ def serve(
     config.validate()
     if no_socket and port is None:
         raise click.UsageError("--no-socket needs --port: there would be nothing to listen on")
+    if no_socket and dashboard:
+        raise click.UsageError("--dashboard reads the Unix socket; drop --no-socket")
     path = None if no_socket else Path(socket_path).expanduser() if socket_path else default_socket_path()
     model_path = resolve_model(config.model)
     app = make_server(config, api_key)
@@ -174,6 +178,11 @@ def serve(
     if port is not None:
         where.append(f"http://{host}:{port}")
     click.echo(f"edgeinfer: serving {model_path.name} on {' and '.join(where)} (Ctrl-C to stop)", err=True)
+    if dashboard:
+        from edgeinfer.tui.run import serve_with_dashboard
+
+        serve_with_dashboard(app, path, (host, port) if port is not None else None, grace, api_key)
+        return
     run_server(app, path, (host, port) if port is not None else None, grace_s=grace)
 
 
@@ -257,6 +266,7 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
 @click.option("--socket", "socket_path", default=None, help="Measure the server on this socket beside the engine.")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
 @click.option("--json", "json_out", default=None, help="Write figures as JSON to FILE, or - for stdout.")
+@click.option("--dashboard", is_flag=True, help="Show the live dashboard of the engine while it runs.")
 @_errors_as_messages
 def bench(
     concurrency: str,
@@ -265,6 +275,7 @@ def bench(
     socket_path: str | None,
     api_key: str | None,
     json_out: str | None,
+    dashboard: bool,
     **kw: Any,
 ) -> None:
     """Measure decode throughput and TTFT: the engine beside a raw llama_decode loop.
@@ -285,6 +296,8 @@ def bench(
         raise click.BadParameter("--max-tokens must be at least 2 and --repeats at least 1")
     config = config_from(kw)
     progress = lambda m: click.echo(click.style(m, dim=True), err=True)  # noqa: E731
+    if socket_path and dashboard:
+        raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
     if socket_path:
         from edgeinfer.bench.remote import server_info
 
@@ -306,12 +319,30 @@ def bench(
     config.batch_size = max(config.batch_size, config.parallel)
     engine = make_engine(config)
     try:
-        results = run_levels(engine, levels, max_tokens, repeats, progress=progress)
+        if dashboard:
+            from edgeinfer.tui.run import bench_with_dashboard
+
+            job = lambda say: run_levels(engine, levels, max_tokens, repeats, progress=say)  # noqa: E731
+            results = bench_with_dashboard(engine, job)
+        else:
+            results = run_levels(engine, levels, max_tokens, repeats, progress=progress)
     finally:
         engine.close()
     print_table(results, max_tokens)
     if json_out:
         write_json(results, json_out, engine, max_tokens)
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=None, help="The server's socket [default: serve's default].")
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="The server's API key, if it has one.")
+@click.option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, help="Seconds per update.")
+@_errors_as_messages
+def top(socket_path: str | None, api_key: str | None, interval: float) -> None:
+    """Live dashboard of a running `edgeinfer serve`: tok/s, latencies, KV cache, streams. q quits, ? helps."""
+    from edgeinfer.tui.run import run_top
+
+    run_top(socket_path, api_key, interval)
 
 
 @main.group(invoke_without_command=True)

@@ -1,0 +1,113 @@
+"""Running the dashboard from the CLI: `edgeinfer top`, and beside `serve` or `bench` in the same process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import uvicorn
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.tui.app import Dashboard, make_dashboard
+from edgeinfer.tui.sources import EngineSource, SocketSource
+
+T = TypeVar("T")
+
+# How the CLI runs the app in the foreground; tests pass one that drives it with a Pilot.
+RunApp = Callable[[Dashboard], Any]
+
+
+def _run_in_terminal(app: Dashboard) -> None:
+    app.run()
+
+
+class BenchmarkStopped(EdgeInferError):
+    """The dashboard was closed while the benchmark still ran."""
+
+
+def run_top(
+    socket_path: str | Path | None, api_key: str | None, interval: float, run: RunApp = _run_in_terminal
+) -> None:
+    """`edgeinfer top`: the dashboard over a server's socket (the default one unless given)."""
+    from edgeinfer.server.run import default_socket_path
+
+    path = Path(socket_path).expanduser() if socket_path else default_socket_path()
+    run(make_dashboard(SocketSource(path, api_key, interval)))
+
+
+def serve_with_dashboard(
+    app: Any,
+    socket_path: Path,
+    tcp: tuple[str, int] | None = None,
+    grace_s: float = 10.0,
+    api_key: str | None = None,
+    interval: float = 1.0,
+    run: RunApp = _run_in_terminal,
+) -> None:
+    """`edgeinfer serve --dashboard`: the server on a background thread, the dashboard on its socket in front.
+
+    Quitting the dashboard stops the server as SIGTERM would: streams get grace_s to finish.
+    """
+    from edgeinfer.server.run import bind_tcp, bind_unix_socket
+
+    sockets = [bind_unix_socket(socket_path)]
+    try:
+        if tcp is not None:
+            sockets.append(bind_tcp(*tcp))
+        # log_config=None: uvicorn's own handlers would write to the terminal the dashboard draws on.
+        config = uvicorn.Config(
+            app, log_config=None, access_log=False, timeout_graceful_shutdown=max(1, round(grace_s)), lifespan="on"
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="edgeinfer-serve", daemon=True)
+        thread.start()
+        try:
+            run(make_dashboard(SocketSource(socket_path, api_key, interval, retry_s=0.5)))
+        finally:
+            server.should_exit = True
+            thread.join(grace_s + 10)
+    finally:
+        for s in sockets:
+            s.close()
+        socket_path.unlink(missing_ok=True)
+
+
+def bench_with_dashboard(
+    engine: Any, job: Callable[[Callable[[str], None]], T], interval: float = 1.0, run: RunApp = _run_in_terminal
+) -> T:
+    """`edgeinfer bench --dashboard`: job(progress) runs on a background thread while the dashboard shows engine.
+
+    Returns the job's result once the dashboard is closed. Closing it before the job ends
+    closes the engine, which cancels the job's streams, and raises BenchmarkStopped.
+    """
+    dashboard = make_dashboard(EngineSource(engine, interval))
+    outcome: dict[str, Any] = {}
+
+    def progress(line: str) -> None:
+        dashboard.job_line = f"benchmark: {line}"
+
+    def target() -> None:
+        try:
+            outcome["result"] = job(progress)
+            dashboard.job_line = "benchmark finished: q shows the results"
+        except BaseException as e:
+            outcome["error"] = e
+            dashboard.job_line = f"benchmark failed: {e}"
+
+    thread = threading.Thread(target=target, name="edgeinfer-bench", daemon=True)
+    thread.start()
+    stopped = False
+    try:
+        run(dashboard)
+    finally:
+        if thread.is_alive():
+            stopped = True
+            engine.close()
+        thread.join()
+    if "result" in outcome:
+        return outcome["result"]  # type: ignore[no-any-return]
+    if stopped:
+        raise BenchmarkStopped("the dashboard was closed before the benchmark finished; no figures to report")
+    raise outcome["error"]
