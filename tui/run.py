@@ -106,8 +106,8 @@ def bench_with_dashboard(
             stopped = True
             engine.close()
         thread.join()
-    if "result" in outcome:
-        return outcome["result"]  # type: ignore[no-any-return]
-    if stopped:
+    if stopped:  # whatever the job returned after its streams were cancelled is not a measurement
         raise BenchmarkStopped("the dashboard was closed before the benchmark finished; no figures to report")
-    raise outcome["error"]
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]  # type: ignore[no-any-return]
