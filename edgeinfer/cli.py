@@ -263,12 +263,16 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated stream counts.")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens generated per stream.")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Runs per level; the best is kept.")
+@click.option("--workload", type=click.Choice(["chat", "code-edit"]), default="chat", show_default=True)
 @click.option("--socket", "socket_path", default=None, help="Measure the server on this socket beside the engine.")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
 @click.option("--json", "json_out", default=None, help="Write figures as JSON to FILE, or - for stdout.")
 @click.option("--dashboard", is_flag=True, help="Show the live dashboard of the engine while it runs.")
+@click.pass_context
 @_errors_as_messages
 def bench(
+    ctx: click.Context,
+    workload: str,
     concurrency: str,
     max_tokens: int,
     repeats: int,
@@ -280,12 +284,15 @@ def bench(
 ) -> None:
     """Measure decode throughput and TTFT: the engine beside a raw llama_decode loop.
 
-    With --socket, a running `edgeinfer serve` is measured instead, beside an in-process
-    engine built with the server's own model, context and parallel settings.
+    With --spec ngram|draft|auto, the engine is measured with speculation on and off,
+    alternating, on the same engine. With --socket, a running `edgeinfer serve` is
+    measured beside an in-process engine built with the server's own settings.
     """
-    from edgeinfer.bench.report import print_socket_table, print_table, write_json
-    from edgeinfer.bench.runner import run_levels, run_socket_levels
+    from edgeinfer.bench.report import print_socket_table, print_spec_table, print_table, write_json
+    from edgeinfer.bench.runner import run_levels, run_socket_levels, run_spec_levels
 
+    if ctx.get_parameter_source("spec") == click.core.ParameterSource.DEFAULT:
+        kw["spec"] = "off"  # the benchmark measures speculation only when asked
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
     except ValueError:
@@ -318,17 +325,23 @@ def bench(
     config.parallel = max(levels)
     config.batch_size = max(config.batch_size, config.parallel)
     engine = make_engine(config)
+    if config.spec != "off":
+        job = lambda say: run_spec_levels(engine, workload, levels, max_tokens, repeats, say)  # noqa: E731
+    else:
+        job = lambda say: run_levels(engine, levels, max_tokens, repeats, progress=say)  # noqa: E731
     try:
         if dashboard:
             from edgeinfer.tui.run import bench_with_dashboard
 
-            job = lambda say: run_levels(engine, levels, max_tokens, repeats, progress=say)  # noqa: E731
             results = bench_with_dashboard(engine, job)
         else:
-            results = run_levels(engine, levels, max_tokens, repeats, progress=progress)
+            results = job(progress)
     finally:
         engine.close()
-    print_table(results, max_tokens)
+    if config.spec != "off":
+        print_spec_table(results, max_tokens, workload, config.spec, engine.model_path.name)
+    else:
+        print_table(results, max_tokens)
     if json_out:
         write_json(results, json_out, engine, max_tokens)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from edgeinfer.bench.runner import LevelResult, SocketLevel
+from edgeinfer.bench.runner import LevelResult, SocketLevel, SpecLevel
 
 SCHEMA_VERSION = 1
 
@@ -57,10 +57,22 @@ def print_socket_table(results: list[SocketLevel], max_tokens: int, socket_path:
         click.echo(f"{r.concurrency:>7} {e.total_tps:>16.1f} {s.total_tps:>12.1f} {ratio:>6.2f} {ttft:>31}")
 
 
-def write_json(results: list[LevelResult] | list[SocketLevel], dest: str, engine: Any, max_tokens: int) -> None:
+def print_spec_table(results: list[SpecLevel], max_tokens: int, workload: str, mode: str, model: str) -> None:
+    head = f"{'streams':>7} {'spec ' + mode + ' tok/s':>16} {'spec off tok/s':>14} {'ratio':>6} {'acceptance':>10}"
+    click.echo(f"\n{model}, workload {workload}, {max_tokens} tokens per stream (greedy), decode tok/s")
+    click.echo(head)
+    click.echo("-" * len(head))
+    for r in results:
+        ratio = r.on.decode_tps / r.off.decode_tps if r.off.decode_tps else 0.0
+        acc = "-" if r.acceptance is None else f"{r.acceptance:.0%}"
+        click.echo(f"{r.concurrency:>7} {r.on.decode_tps:>16.1f} {r.off.decode_tps:>14.1f} {ratio:>6.2f} {acc:>10}")
+
+
+def write_json(results: list[Any], dest: str, engine: Any, max_tokens: int) -> None:
+    kinds = {LevelResult: "engine", SocketLevel: "socket", SpecLevel: "spec"}
     doc = {
         "schema": SCHEMA_VERSION,
-        "kind": "socket" if results and isinstance(results[0], SocketLevel) else "engine",
+        "kind": kinds[type(results[0])] if results else "engine",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "model": str(engine.model_path),

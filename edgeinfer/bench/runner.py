@@ -9,28 +9,9 @@ from pathlib import Path
 
 from edgeinfer.bench.rawloop import run_raw
 from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.bench.workloads import CHAT, prompts
 from edgeinfer.engine import Engine
 from edgeinfer.params import SamplingParams
-
-# Fixed chat prompts; stream i of a run uses prompt i mod len.
-PROMPTS = [
-    "Write a short poem about the sea.",
-    "Explain what a hash table is.",
-    "Give three tips for learning to cook.",
-    "What causes the seasons on Earth?",
-    "Describe a cat to someone who has never seen one.",
-    "List five uses for a paperclip.",
-    "Why is the sky blue?",
-    "Summarise the plot of a heist movie you invent.",
-    "How do I make a cup of tea?",
-    "What is the difference between weather and climate?",
-    "Write a haiku about autumn.",
-    "Explain recursion with an example.",
-    "What should I pack for a weekend hike?",
-    "Tell me a fun fact about octopuses.",
-    "How does a bicycle stay upright?",
-    "Suggest a name for a bakery and explain it.",
-]
 
 
 @dataclass(slots=True)
@@ -66,11 +47,11 @@ def _r(x: float | None) -> float | None:
 
 def chat_messages(n: int, tag: str = "") -> list[list[dict[str, str]]]:
     """n user turns; a tag makes every run's prompts new, so no run reuses another's KV."""
-    return [[{"role": "user", "content": f"{tag}{PROMPTS[i % len(PROMPTS)]}"}] for i in range(n)]
+    return [[{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}] for i in range(n)]
 
 
 def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
-    return [engine.chat_prompt(m) for m in chat_messages(n)]
+    return prompts(engine, "chat", n)
 
 
 def run_engine(engine: Engine, prompts: list[list[int]], max_tokens: int, reset: bool = True) -> RunResult:
@@ -181,4 +162,57 @@ def run_socket_levels(
             best_s = s if best_s is None or s.total_tps > best_s.total_tps else best_s
         assert best_e is not None and best_s is not None
         out.append(SocketLevel(c, best_e, best_s))
+    return out
+
+
+@dataclass(slots=True)
+class SpecLevel:
+    """One engine with speculation on and off at one concurrency, best of the repeats."""
+
+    concurrency: int
+    on: RunResult
+    off: RunResult
+    acceptance: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "concurrency": self.concurrency,
+            "spec_on": {"decode_tps": round(self.on.decode_tps, 2), "ttft_p50_s": _r(self.on.ttft(50))},
+            "spec_off": {"decode_tps": round(self.off.decode_tps, 2), "ttft_p50_s": _r(self.off.ttft(50))},
+            "on_over_off": round(self.on.decode_tps / self.off.decode_tps, 3) if self.off.decode_tps else None,
+            "acceptance": None if self.acceptance is None else round(self.acceptance, 3),
+        }
+
+
+def run_spec_levels(
+    engine: Engine,
+    workload: str,
+    levels: list[int],
+    max_tokens: int,
+    repeats: int = 2,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[SpecLevel]:
+    """For each concurrency, alternate runs with speculation on and off on the same engine."""
+    assert engine.spec is not None
+    run_engine(engine, prompts(engine, workload, 1), 8)
+    out = []
+    for c in levels:
+        ps = prompts(engine, workload, c)
+        best_on: RunResult | None = None
+        best_off: RunResult | None = None
+        before = engine.spec.counters.drafted, engine.spec.counters.accepted
+        for i in range(repeats):
+            engine.set_speculation(True)
+            progress(f"concurrency {c}: speculation on, run {i + 1}/{repeats}")
+            on = run_engine(engine, ps, max_tokens)
+            engine.set_speculation(False)
+            progress(f"concurrency {c}: speculation off, run {i + 1}/{repeats}")
+            off = run_engine(engine, ps, max_tokens)
+            best_on = on if best_on is None or on.decode_tps > best_on.decode_tps else best_on
+            best_off = off if best_off is None or off.decode_tps > best_off.decode_tps else best_off
+        engine.set_speculation(True)
+        drafted = engine.spec.counters.drafted - before[0]
+        accepted = engine.spec.counters.accepted - before[1]
+        assert best_on is not None and best_off is not None
+        out.append(SpecLevel(c, best_on, best_off, accepted / drafted if drafted else None))
     return out

@@ -88,10 +88,7 @@ def report(items):
 
 def code_edit_prompt(i: int) -> str:
     name, old, new, body = _FILES[i % len(_FILES)]
-    return (
-        f"Here is the file {name}:\n```python\n{body}```\n\n"
-        f"Here is {name} again with the function `{old}` renamed to `{new}` everywhere:\n```python\n"
-    )
+    return f"Rename the function `{old}` to `{new}` in {name} and print the whole file:\n```python\n{body}```"
 
 
 WORKLOADS = ("chat", "code-edit")
@@ -102,5 +99,5 @@ def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[i
     if workload == "chat":
         return [engine.chat_prompt([{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}]) for i in range(n)]
     if workload == "code-edit":
-        return [engine.tokenize(f"{tag}{code_edit_prompt(i)}") for i in range(n)]
+        return [engine.chat_prompt([{"role": "user", "content": f"{tag}{code_edit_prompt(i)}"}]) for i in range(n)]
     raise ValueError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")

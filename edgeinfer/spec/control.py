@@ -85,8 +85,9 @@ class Candidate:
 class Controller:
     """Chooses per-stream draft lengths from measured costs; 0 means no speculation."""
 
-    def __init__(self, max_draft: int, explore_every: int = 32) -> None:
+    def __init__(self, max_draft: int, explore_every: int = 32, margin: float = 1.25) -> None:
         self.max_draft = max_draft
+        self.margin = margin
         self.target = StepCosts()
         self.draft = StepCosts()
         self.explore_every = explore_every
@@ -104,7 +105,9 @@ class Controller:
             return self._explore(candidates)
         slope = max((t_more - t_base) / max(4, len(candidates)), 0.0)
         rate = max(n_decoding, 1) / t_base  # tokens/s without speculation
-        per_token = slope * rate  # what one extra batch token costs, in tokens
+        # What one extra batch token costs, in tokens; the margin covers verification work
+        # outside llama_decode (logits rows, sampling) and noise in the estimates.
+        per_token = slope * rate * self.margin
         plan = {}
         for c in candidates:
             k = 0

@@ -1,0 +1,71 @@
+"""The adaptive controller on synthetic costs: it drafts where it pays and steps back where it does not."""
+
+from edgeinfer.spec.control import Acceptance, Candidate, Controller, StepCosts
+
+
+def cpu_like(c: StepCosts, fixed=0.010, per_token=0.004):
+    """Step time = fixed weight reading + per-token compute (seconds)."""
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        c.observe(n, fixed + per_token * n)
+
+
+def test_step_costs_interpolate_between_measured_sizes():
+    c = StepCosts()
+    c.observe(2, 0.02)
+    c.observe(8, 0.08)
+    assert abs(c.estimate(5) - 0.05) < 1e-9
+    assert c.estimate(32) > c.estimate(8)  # extrapolated upwards
+    assert StepCosts().estimate(4) is None
+
+
+def test_drafts_at_low_load_and_steps_back_at_high_load():
+    ctl = Controller(max_draft=8)
+    cpu_like(ctl.target, fixed=0.010, per_token=0.001)
+    one = ctl.plan([Candidate(1, alpha=0.9, available=8)], base_tokens=1, n_decoding=1, uses_draft_model=False)
+    assert one[1] >= 3
+    many = [Candidate(i, alpha=0.9, available=8) for i in range(16)]
+    busy = ctl.plan(many, base_tokens=16, n_decoding=16, uses_draft_model=False)
+    ctl_busy = Controller(max_draft=8)
+    cpu_like(ctl_busy.target, fixed=0.010, per_token=0.004)
+    busier = ctl_busy.plan(many, base_tokens=16, n_decoding=16, uses_draft_model=False)
+    # Cheap extra tokens (1 ms each at 16 streams): short drafts still pay.
+    assert set(busy.values()) == {2}
+    # Compute-bound (4 ms per token): one more token costs more than it can bring back.
+    assert set(busier.values()) == {0}
+
+
+def test_low_acceptance_gets_no_draft():
+    ctl = Controller(max_draft=8)
+    cpu_like(ctl.target, fixed=0.010, per_token=0.001)
+    plan = ctl.plan([Candidate(1, 0.9, 8), Candidate(2, 0.05, 8)], base_tokens=2, n_decoding=2, uses_draft_model=False)
+    assert plan[1] > 0 and plan[2] == 0
+
+
+def test_a_draft_model_as_costly_as_the_target_is_not_used():
+    ctl = Controller(max_draft=8)
+    cpu_like(ctl.target, fixed=0.010, per_token=0.001)
+    for n in (1, 2, 4):
+        ctl.draft.observe(n, 0.0105)  # one draft step costs a whole target step
+    plan = ctl.plan([Candidate(1, 0.97, 8)], base_tokens=1, n_decoding=1, uses_draft_model=True)
+    assert plan[1] <= 1
+    cheap = Controller(max_draft=8)
+    cpu_like(cheap.target, fixed=0.010, per_token=0.0005)
+    for n in (1, 2, 4):
+        cheap.draft.observe(n, 0.0008)
+    assert cheap.plan([Candidate(1, 0.97, 8)], 1, 1, True)[1] >= 4
+
+
+def test_unmeasured_costs_explore_with_a_short_draft():
+    ctl = Controller(max_draft=8)
+    plan = ctl.plan([Candidate(1, 0.5, 8), Candidate(2, 0.8, 8)], 2, 2, False)
+    assert plan == {2: 2}
+
+
+def test_acceptance_moves_towards_what_is_observed():
+    a = Acceptance(0.5)
+    for _ in range(20):
+        a.update(drafted=4, accepted=4)
+    assert a.alpha > 0.9
+    for _ in range(20):
+        a.update(drafted=4, accepted=0)
+    assert a.alpha < 0.1
