@@ -24,7 +24,7 @@ from edgeinfer.errors import EngineClosedError
 from edgeinfer.params import EngineConfig, SamplingParams
 from edgeinfer.tui import figures
 from edgeinfer.tui.app import Dashboard, make_dashboard
-from edgeinfer.tui.run import BenchmarkStopped, bench_with_dashboard, serve_with_dashboard
+from edgeinfer.tui.run import BenchmarkStopped, bench_with_dashboard, run_headless, serve_with_dashboard
 from edgeinfer.tui.sources import ScriptedSource, SocketSource
 from edgeinfer.tui.widgets import HelpScreen, KvBar, StreamsTable
 
@@ -366,19 +366,6 @@ async def test_live_requests_on_a_real_server(tmp_path, servers):
 # --- the dashboard beside serve and bench, in process -------------------------------------
 
 
-def drive(script: Any) -> Any:
-    """A RunApp for tests: run the app headless under a Pilot and the given coroutine function."""
-
-    def run(app: Dashboard) -> None:
-        async def go() -> None:
-            async with app.run_test(size=SIZE) as pilot:
-                await script(app, pilot)
-
-        asyncio.run(go())
-
-    return run
-
-
 def test_serve_with_dashboard(tmp_path, model_path):
     sock = tmp_path / "s.sock"
     app = make_server(EngineConfig(model=model_path, parallel=2, ctx_size=1024, threads=1, threads_batch=1))
@@ -389,7 +376,7 @@ def test_serve_with_dashboard(tmp_path, model_path):
         await until(pilot, lambda: dash.card("done") == "2", "two finished requests")
         await pilot.press("q")
 
-    serve_with_dashboard(app, sock, grace_s=1, run=drive(script))
+    serve_with_dashboard(app, sock, grace_s=1, run=run_headless(script, SIZE))
     assert not sock.exists(), "quitting the dashboard leaves the socket behind"
 
 
@@ -407,7 +394,7 @@ def test_bench_with_dashboard_shares_the_engine(model_path):
             assert dash.history.peak() > 0, "the dashboard never saw the benchmark's tokens"
             await pilot.press("q")
 
-        result = bench_with_dashboard(engine, job, interval=0.2, run=drive(script))
+        result = bench_with_dashboard(engine, job, interval=0.2, run=run_headless(script, SIZE))
         assert len(result.streams) == 4 and result.decode_tps > 0
     finally:
         engine.close()
@@ -428,7 +415,7 @@ def test_closing_the_dashboard_stops_the_benchmark(model_path):
 
     try:
         with pytest.raises(BenchmarkStopped, match="closed before the benchmark finished"):
-            bench_with_dashboard(engine, job, interval=0.2, run=drive(script))
+            bench_with_dashboard(engine, job, interval=0.2, run=run_headless(script, SIZE))
         with pytest.raises(EngineClosedError):  # quitting closed the engine, which cancelled the stream
             engine.run_exclusive(lambda ctx: None)
     finally:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +22,22 @@ RunApp = Callable[[Dashboard], Any]
 
 def _run_in_terminal(app: Dashboard) -> None:
     app.run()
+
+
+def run_headless(script: Callable[[Dashboard, Any], Awaitable[None]], size: tuple[int, int] = (120, 36)) -> RunApp:
+    """A RunApp without a terminal: the app runs under a Textual Pilot that `script(app, pilot)` drives.
+
+    For tests and for saving screenshots; the script must end the app (e.g. press q) or return.
+    """
+
+    def run(app: Dashboard) -> None:
+        async def go() -> None:
+            async with app.run_test(size=size) as pilot:
+                await script(app, pilot)
+
+        asyncio.run(go())
+
+    return run
 
 
 class BenchmarkStopped(EdgeInferError):
@@ -96,6 +113,7 @@ def bench_with_dashboard(
             outcome["error"] = e
             dashboard.job_line = f"benchmark failed: {e}"
 
+    progress("starting")
     thread = threading.Thread(target=target, name="edgeinfer-bench", daemon=True)
     thread.start()
     stopped = False
