@@ -300,6 +300,8 @@ def test_metrics_and_stats_stream(server):
         "edgeinfer_generation_tokens_total",
         "edgeinfer_kv_cells_used",
         "edgeinfer_time_to_first_token_seconds_bucket",
+        "edgeinfer_prompt_tokens_cached_total",
+        "edgeinfer_spec_drafted_tokens_total",  # serve speculates by default (--spec auto)
     ):
         assert name in text
     with http.stream("GET", "/v1/edgeinfer/stats/stream", params={"interval": 0.1}) as r:

@@ -61,5 +61,17 @@ class EngineCollector(Collector):
         )
         yield CounterMetricFamily("edgeinfer_decode_steps", "llama_decode calls.", value=m.steps)
         yield CounterMetricFamily("edgeinfer_decode_seconds", "Seconds spent in llama_decode.", value=m.decode_seconds)
+        spec = snap["spec"]
+        if spec.get("mode", "off") != "off" and "drafted" in spec:
+            yield CounterMetricFamily("edgeinfer_spec_drafted_tokens", "Draft tokens verified.", value=spec["drafted"])
+            yield CounterMetricFamily("edgeinfer_spec_accepted_tokens", "Draft tokens accepted.", value=spec["accepted"])
+            yield CounterMetricFamily("edgeinfer_spec_verifications", "Drafts verified.", value=spec["verifications"])
+            by_pos = GaugeMetricFamily(
+                "edgeinfer_spec_acceptance_by_position", "Share of drafts accepted at each position.", labels=["position"]
+            )
+            for i, rate in enumerate(spec["acceptance_by_position"], start=1):
+                if rate is not None:
+                    by_pos.add_metric([str(i)], rate)
+            yield by_pos
         yield _histogram("edgeinfer_time_to_first_token_seconds", "Submit to first token.", m.ttft_hist)
         yield _histogram("edgeinfer_inter_token_latency_seconds", "Time between a stream's tokens.", m.itl_hist)
