@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.errors import QueueFullError, RequestError
+from edgeinfer.prefix import PrefixTrie
+
+# Prefixes shorter than this are computed again rather than copied or waited for.
+MIN_SHARE = 16
 
 
 class Status(enum.IntEnum):
@@ -55,6 +59,8 @@ class Stream:
     fork_pending: bool = False  # waits for its group's leader to finish the prompt
     cancel_requested: bool = False
     draft: list[int] = field(default_factory=list)  # speculative tokens to verify in the next step
+    share_src: Stream | None = None  # a live stream whose prompt prefix this one copies once computed
+    share_len: int = 0
     payload: Any = None  # the engine's per-stream state (sampler, text, sink)
 
     @property
@@ -148,6 +154,9 @@ class Scheduler:
         self.running: list[Stream] = []
         self.free_seqs: list[int] = list(range(n_seq_ids - 1, -1, -1))
         self.retained: OrderedDict[int, list[int]] = OrderedDict()  # seq -> tokens in its KV; oldest first
+        self.kept = PrefixTrie()  # the retained entries, by seq
+        self.live = PrefixTrie()  # prompts of running streams, by stream id
+        self._live_streams: dict[int, Stream] = {}
         self.reserved = 0  # cells reserved by admitted groups
         self._ops: list[KvOp] = []
         self._next_id = 0
@@ -204,13 +213,14 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         finished = self._apply_cancellations()
         self._admit()
+        self._resolve_shares()
         items: list[BatchItem] = []
         budget = self.token_budget
         # Decoding streams first: one token each (plus any draft), so running streams never stall.
-        n_decoding = sum(1 for s in self.running if not s.fork_pending and len(s.tokens) - s.n_computed == 1)
+        n_decoding = sum(1 for s in self.running if not self._blocked(s) and len(s.tokens) - s.n_computed == 1)
         spare = budget - n_decoding
         for s in self.running:
-            if not s.fork_pending and len(s.tokens) - s.n_computed == 1:
+            if not self._blocked(s) and len(s.tokens) - s.n_computed == 1:
                 draft = s.draft[: max(0, spare)]
                 spare -= len(draft)
                 items.append(BatchItem(s, [s.tokens[-1], *draft], s.n_computed, self._samplers(s), len(draft)))
@@ -221,7 +231,7 @@ class Scheduler:
             left = len(s.tokens) - s.n_computed
             if budget <= 0:
                 break
-            if s.fork_pending or left <= 1:
+            if self._blocked(s) or left <= 1:
                 continue
             chunk = min(left, budget)
             samplers = self._samplers(s) if chunk == left else []
@@ -262,8 +272,11 @@ class Scheduler:
         self.running.remove(stream)
         group = stream.group
         group.n_live -= 1
+        if stream.id in self.live:
+            self.live.remove(stream.id)
+            del self._live_streams[stream.id]
         if group.retain and status != Status.ERROR and stream.n_computed > 0:
-            self.retained[stream.seq] = stream.tokens[: stream.n_computed]
+            self._keep(stream.seq, stream.tokens[: stream.n_computed])
         else:
             self._release_seq(stream.seq)
         if group.n_live == 0:
@@ -298,43 +311,84 @@ class Scheduler:
             self.waiting.popleft()
 
     def _try_admit(self, g: Group) -> bool:
-        best, lcp = -1, 0
-        for seq, toks in self.retained.items():
-            k = common_prefix(toks, g.prompt)
-            if k > lcp:
-                best, lcp = seq, k
-        # At least the last prompt token is computed again: its logits start the reply.
-        reuse = min(lcp, len(g.prompt) - 1)
-        if reuse <= 0:
-            best = -1
+        # The longest prefix already held: by a kept (finished) sequence, or a live stream's prompt.
+        kept_seq, kept_len = self.kept.longest(g.prompt)
+        live_id, live_len = self.live.longest(g.prompt)
+        last = len(g.prompt) - 1  # the last prompt token is computed again: its logits start the reply
+        take_over = kept_seq >= 0 and kept_len >= live_len and kept_len == len(self.retained[kept_seq])
+        take_over = take_over and min(kept_len, last) > 0
+        keep_seq = kept_seq if take_over else -1
         while True:
-            reclaim = len(self.retained[best]) if best >= 0 else 0
+            reclaim = len(self.retained[keep_seq]) if keep_seq >= 0 else 0
             free_cells = self.n_ctx - self.cells_used + reclaim
-            free_ids = len(self.free_seqs) + (1 if best >= 0 else 0)
+            free_ids = len(self.free_seqs) + (1 if keep_seq >= 0 else 0)
             if free_cells >= g.reserve and free_ids >= g.n:
                 break
-            victims = [seq for seq in self.retained if seq != best]
+            victims = [seq for seq in self.retained if seq != keep_seq]
             if not victims:
                 return False
             self._evict(victims[0])
         streams = [s for s in g.streams if s.status == Status.WAITING]
         leader = streams[0]
-        if best >= 0:
-            del self.retained[best]
-            leader.seq = best
+        if take_over:
+            # The kept KV is a prefix of this prompt (the next turn of a chat): continue in it.
+            reuse = min(kept_len, last)
+            self._unkeep(kept_seq)
+            leader.seq = kept_seq
             leader.n_computed = leader.n_cached = reuse
             self.prompt_tokens_cached += reuse
-            self._ops.append(KvOp("rm", best, reuse, -1))
+            self._ops.append(KvOp("rm", kept_seq, reuse, -1))
         else:
             leader.seq = self.free_seqs.pop()
+            kept_seq, kept_len = self.kept.longest(g.prompt)  # eviction may have dropped the match
+            if kept_seq >= 0 and min(kept_len, last) >= MIN_SHARE and kept_len >= live_len:
+                # Share a kept prefix: copy its cells, keep the entry for others.
+                reuse = min(kept_len, last)
+                self._ops.append(KvOp("cp", kept_seq, 0, reuse, dst=leader.seq))
+                self.retained.move_to_end(kept_seq)
+                leader.n_computed = leader.n_cached = reuse
+                self.prompt_tokens_cached += reuse
+            elif live_id >= 0 and min(live_len, last) >= MIN_SHARE:
+                # A running stream computes (or has computed) this prefix: copy it once it is there.
+                leader.share_src = self._live_streams[live_id]
+                leader.share_len = min(live_len, last)
         for s in streams[1:]:
             s.seq = self.free_seqs.pop()
             s.fork_pending = True
         for s in streams:
             s.status = Status.RUNNING
             self.running.append(s)
+        self.live.insert(leader.id, g.prompt)
+        self._live_streams[leader.id] = leader
         self.reserved += g.reserve
         return True
+
+    def _resolve_shares(self) -> None:
+        """Streams waiting for another's prompt prefix copy it as soon as it is computed."""
+        for s in self.running:
+            src = s.share_src
+            if src is None:
+                continue
+            if src.status == Status.RUNNING and src.n_computed >= s.share_len and src.share_src is None:
+                self._ops.append(KvOp("cp", src.seq, 0, s.share_len, dst=s.seq))
+                s.n_computed = s.n_cached = s.share_len
+                self.prompt_tokens_cached += s.share_len
+                s.share_src = None
+            elif src.status.finished:
+                s.share_src = None  # its source is gone: compute the prompt itself
+
+    @staticmethod
+    def _blocked(s: Stream) -> bool:
+        """Waiting for another stream's KV (a fork's leader, or a shared prefix)."""
+        return s.fork_pending or s.share_src is not None
+
+    def _keep(self, seq: int, tokens: list[int]) -> None:
+        self.retained[seq] = tokens
+        self.kept.insert(seq, tokens)
+
+    def _unkeep(self, seq: int) -> None:
+        del self.retained[seq]
+        self.kept.remove(seq)
 
     @staticmethod
     def _samplers(s: Stream) -> list[Stream]:
@@ -348,7 +402,7 @@ class Scheduler:
         self.free_seqs.append(seq)
 
     def _evict(self, seq: int) -> None:
-        del self.retained[seq]
+        self._unkeep(seq)
         self._release_seq(seq)
         self.evictions += 1
 

@@ -120,7 +120,7 @@ def test_cancel_while_waiting():
     assert plan.finished == [g.streams[0]] and not s.waiting
 
 
-def test_retained_prefix_is_reused_up_to_divergence():
+def test_next_turn_continues_in_the_kept_sequence():
     s = make(retained=2)
     g = s.add([1, 2, 3, 4, 5], 1, 3)
     run_step(s, 6)
@@ -128,13 +128,59 @@ def test_retained_prefix_is_reused_up_to_divergence():
     st = g.streams[0]
     s.finish(st, Status.STOPPED)  # KV holds 1..6 (7 was sampled, never decoded)
     assert s.retained[st.seq] == [1, 2, 3, 4, 5, 6]
-    g2 = s.add([1, 2, 3, 4, 9, 9, 9], 1, 3)
+    g2 = s.add([1, 2, 3, 4, 5, 6, 7, 8, 9], 1, 3)  # the kept tokens are a prefix: take the sequence over
     plan = s.schedule()
     new = g2.streams[0]
-    assert new.seq == st.seq and new.n_cached == 4
-    assert [(op.kind, op.seq, op.p0) for op in plan.kv_ops] == [("rm", st.seq, 4)]
-    assert plan.items[0].tokens == [9, 9, 9] and plan.items[0].pos0 == 4
-    assert s.prompt_tokens_cached == 4
+    assert new.seq == st.seq and new.n_cached == 6 and not s.retained
+    assert [(op.kind, op.seq, op.p0) for op in plan.kv_ops] == [("rm", st.seq, 6)]
+    assert plan.items[0].tokens == [7, 8, 9] and plan.items[0].pos0 == 6
+    assert s.prompt_tokens_cached == 6
+
+
+def test_divergence_inside_a_kept_prefix_copies_up_to_it_and_keeps_the_entry():
+    s = make(retained=2)
+    system = list(range(100, 140))  # a 40-token shared system prompt
+    g = s.add([*system, 1, 2], 1, 2)
+    run_step(s)
+    s.finish(g.streams[0], Status.STOPPED)
+    kept = g.streams[0].seq
+    g2 = s.add([*system, 7, 8, 9], 1, 2)
+    plan = s.schedule()
+    new = g2.streams[0]
+    assert new.seq != kept and new.n_cached == 40 and kept in s.retained
+    assert [(op.kind, op.seq, op.dst, op.p0, op.p1) for op in plan.kv_ops] == [("cp", kept, new.seq, 0, 40)]
+    assert plan.items[0].tokens == [7, 8, 9] and plan.items[0].pos0 == 40
+
+
+def test_short_shared_prefixes_are_computed_again():
+    s = make(retained=2)
+    g = s.add([1, 2, 3, 4, 5], 1, 2)
+    run_step(s)
+    s.finish(g.streams[0], Status.STOPPED)
+    g2 = s.add([1, 2, 3, 9, 9], 1, 2)
+    s.schedule()
+    assert g2.streams[0].n_cached == 0 and len(s.retained) == 1
+
+
+def test_concurrent_requests_sharing_a_prompt_prefix_compute_it_once():
+    s = make(streams=4, budget=64)
+    system = list(range(100, 150))  # 50 tokens
+    groups = [s.add([*system, 200 + i, 300 + i], 1, 4) for i in range(3)]
+    plan = s.schedule()
+    # Only the first computes the shared prefix; the others wait for it.
+    assert [it.stream for it in plan.items] == [groups[0].streams[0]]
+    s.complete(plan)
+    for it in plan.items:
+        for st in it.samplers:
+            s.append(st, 7)
+    plan = s.schedule()
+    cps = [(op.seq, op.dst, op.p1) for op in plan.kv_ops if op.kind == "cp"]
+    leader = groups[0].streams[0]
+    assert cps == [(leader.seq, g.streams[0].seq, 50) for g in groups[1:]]
+    # Each follower computes only its own two tokens.
+    follower_items = [it for it in plan.items if it.stream is not leader]
+    assert [(it.tokens, it.pos0) for it in follower_items] == [([201, 301], 50), ([202, 302], 50)]
+    assert s.prompt_tokens_cached == 100
 
 
 def test_full_prompt_hit_recomputes_the_last_token():
