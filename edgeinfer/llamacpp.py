@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
-from edgeinfer.errors import ConfigError, DecodeError, ModelLoadError
+from edgeinfer.errors import ConfigError, DecodeError, EngineClosedError, ModelLoadError
 from edgeinfer.gguf import read_gguf
 
 DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
@@ -83,15 +83,21 @@ class Vocab:
         self._pieces: dict[int, bytes] = {}
         self._eog = np.array([bool(C.llama_vocab_is_eog(handle, t)) for t in range(self.n_tokens)])
 
+    def _handle(self) -> C.llama_vocab_p:
+        if self._h is None:
+            raise EngineClosedError("the model is closed; create a new engine")
+        return self._h
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        h = self._handle()
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (C.llama_token * cap)()
-        n = C.llama_tokenize(self._h, data, len(data), buf, cap, add_special, parse_special)
+        n = C.llama_tokenize(h, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
             buf = (C.llama_token * cap)()
-            n = C.llama_tokenize(self._h, data, len(data), buf, cap, add_special, parse_special)
+            n = C.llama_tokenize(h, data, len(data), buf, cap, add_special, parse_special)
         return buf[:n]
 
     def piece(self, token: int, special: bool = False) -> bytes:
@@ -99,11 +105,12 @@ class Vocab:
         key = token if not special else -1 - token
         cached = self._pieces.get(key)
         if cached is None:
+            h = self._handle()
             buf = ctypes.create_string_buffer(64)
-            n = C.llama_token_to_piece(self._h, token, buf, 64, 0, special)
+            n = C.llama_token_to_piece(h, token, buf, 64, 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = C.llama_token_to_piece(self._h, token, buf, -n, 0, special)
+                n = C.llama_token_to_piece(h, token, buf, -n, 0, special)
             cached = self._pieces[key] = buf.raw[:n]
         return cached
 
@@ -115,7 +122,7 @@ class Vocab:
 
     def text_of(self, token: int) -> str:
         """The vocabulary entry's own text (for compatibility checks)."""
-        return C.llama_vocab_get_text(self._h, token).decode("utf-8", errors="replace")
+        return C.llama_vocab_get_text(self._handle(), token).decode("utf-8", errors="replace")
 
 
 class Model:
@@ -155,6 +162,7 @@ class Model:
 
     def close(self) -> None:
         if self._h:
+            self.vocab._h = None  # the vocabulary lives inside the model
             C.llama_model_free(self._h)
             self._h = None
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from edgeinfer.engine import Engine
-from edgeinfer.errors import RequestError
+from edgeinfer.errors import EngineClosedError, RequestError
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.params import EngineConfig, SamplingParams
 
@@ -205,3 +205,12 @@ def test_snapshot_reports_model_and_totals(engine):
     assert snap["model"]["quantization"] == "Q4_1"
     assert snap["kv"]["total_cells"] == engine.n_ctx
     assert snap["tokens"]["generated"] > 0 and snap["requests"]["total"] > 0
+
+
+def test_a_closed_engine_refuses_work_instead_of_crashing(model_path):
+    eng = Engine(EngineConfig(model=model_path, parallel=1, ctx_size=512))
+    eng.close()
+    with pytest.raises(EngineClosedError):
+        eng.tokenize("hello")
+    with pytest.raises(EngineClosedError):
+        eng.submit([1, 2, 3])

@@ -1,0 +1,61 @@
+"""The prefix cache on the real model: reuse is exact where it should be, and never corrupts a stream."""
+
+from __future__ import annotations
+
+from edgeinfer.engine import Engine
+from edgeinfer.params import EngineConfig, SamplingParams
+
+from .conftest import assert_same_or_near_tie
+
+SYSTEM = (
+    "You are a careful assistant for a small bakery. You answer questions about opening hours, "
+    "bread, cakes and prices. Opening hours: 7 to 18 on weekdays, 8 to 14 on Saturdays, closed on "
+    "Sundays. Bread: sourdough, rye, baguette. Cakes: lemon, chocolate, carrot. Keep answers short."
+)
+QUESTIONS = ["When do you open on Saturday?", "Do you sell rye bread?", "Which cakes do you have?"]
+REF = SamplingParams(temperature=0, max_tokens=24, logprobs=5)
+PLAIN = SamplingParams(temperature=0, max_tokens=24)
+
+
+def ask(engine: Engine, question: str, system: str = SYSTEM) -> list[int]:
+    return engine.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": question}])
+
+
+def test_shared_system_prompt_hits_match_no_cache_and_counters_add_up(model_path):
+    with Engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, keep_prefixes=0)) as cold:
+        want = [cold.generate(ask(cold, q), REF) for q in QUESTIONS]
+    with Engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096)) as eng:
+        got = [eng.generate(ask(eng, q), PLAIN) for q in QUESTIONS]
+        total = sum(len(ask(eng, q)) for q in QUESTIONS)
+        sched = eng.sched
+        assert sched.prompt_tokens_cached + sched.prompt_tokens_computed == total
+        system_only = eng.chat_prompt([{"role": "system", "content": SYSTEM}])
+    assert got[0].stats.cached_tokens == 0
+    # The later questions reuse at least the system prompt's KV.
+    assert all(g.stats.cached_tokens >= len(system_only) - 4 for g in got[1:])
+    for w, g in zip(want, got, strict=True):
+        assert_same_or_near_tie(w, g)
+
+
+def test_divergence_mid_prefix_reuses_only_up_to_it(model_path):
+    other = SYSTEM.replace("Cakes: lemon", "Pies: apple")
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096)) as eng:
+        a, b = ask(eng, QUESTIONS[0]), ask(eng, QUESTIONS[0], other)
+        common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        eng.generate(a, PLAIN)
+        r = eng.generate(b, PLAIN)
+    assert r.stats.cached_tokens == common
+
+
+def test_eviction_under_kv_pressure_leaves_live_streams_intact(model_path):
+    long_q = "Write a long story about a baker who travels the world."
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as ref_engine:
+        want = ref_engine.generate(ask(ref_engine, long_q), SamplingParams(temperature=0, max_tokens=300, logprobs=5))
+    # A small context: kept prefixes must be evicted to admit new requests while the story runs.
+    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=1024, keep_prefixes=8)) as eng:
+        story = eng.submit(ask(eng, long_q), SamplingParams(temperature=0, max_tokens=300))[0]
+        for i in range(6):
+            eng.generate(ask(eng, f"Question {i}: {QUESTIONS[i % 3]}", system=f"Shop {i}. " + SYSTEM), PLAIN)
+        got = story.result()
+        assert eng.sched.evictions > 0
+    assert_same_or_near_tie(want, got)
