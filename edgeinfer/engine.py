@@ -341,6 +341,7 @@ class Engine:
             kv_used = sched.cells_used
             cached, computed = sched.prompt_tokens_cached, sched.prompt_tokens_computed
             n_retained, evictions = len(sched.retained), sched.evictions
+            retained_cells = sum(len(t) for t in sched.retained.values())
             running, waiting = len(sched.running), sched.n_waiting
         info = self.model.info
         return {
@@ -364,7 +365,14 @@ class Engine:
                 "prompt_cached": cached,
                 "prompt_computed": computed,
             },
-            "prefix_cache": {"hit_tokens": cached, "evictions": evictions},
+            "prefix_cache": {
+                "hit_tokens": cached,
+                "computed_tokens": computed,
+                "hit_rate": cached / (cached + computed) if cached + computed else None,
+                "retained_prefixes": n_retained,
+                "retained_cells": retained_cells,
+                "evictions": evictions,
+            },
             "rate": {"generated_tps_1s": m.generated_tps(1.0), "generated_tps_10s": m.generated_tps(10.0)},
             "latency": m.rolling(),
             "steps": {"count": m.steps, "decode_seconds": m.decode_seconds},

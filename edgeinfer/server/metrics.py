@@ -50,9 +50,15 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "edgeinfer_prompt_tokens_computed", "Prompt tokens computed.", value=tokens["prompt_computed"]
         )
-        yield CounterMetricFamily(
-            "edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=snap["prefix_cache"]["evictions"]
+        pc = snap["prefix_cache"]
+        yield CounterMetricFamily("edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=pc["evictions"])
+        yield GaugeMetricFamily(
+            "edgeinfer_prefix_retained_cells", "KV cells of kept prefixes.", value=pc["retained_cells"]
         )
+        if pc["hit_rate"] is not None:
+            yield GaugeMetricFamily(
+                "edgeinfer_prefix_hit_rate", "Share of prompt tokens from cache.", value=pc["hit_rate"]
+            )
         kv = snap["kv"]
         yield GaugeMetricFamily("edgeinfer_kv_cells_used", "KV cells reserved or kept.", value=kv["used_cells"])
         yield GaugeMetricFamily("edgeinfer_kv_cells_total", "KV cells in the context.", value=kv["total_cells"])
@@ -64,10 +70,14 @@ class EngineCollector(Collector):
         spec = snap["spec"]
         if spec.get("mode", "off") != "off" and "drafted" in spec:
             yield CounterMetricFamily("edgeinfer_spec_drafted_tokens", "Draft tokens verified.", value=spec["drafted"])
-            yield CounterMetricFamily("edgeinfer_spec_accepted_tokens", "Draft tokens accepted.", value=spec["accepted"])
+            yield CounterMetricFamily(
+                "edgeinfer_spec_accepted_tokens", "Draft tokens accepted.", value=spec["accepted"]
+            )
             yield CounterMetricFamily("edgeinfer_spec_verifications", "Drafts verified.", value=spec["verifications"])
             by_pos = GaugeMetricFamily(
-                "edgeinfer_spec_acceptance_by_position", "Share of drafts accepted at each position.", labels=["position"]
+                "edgeinfer_spec_acceptance_by_position",
+                "Share of drafts accepted at each position.",
+                labels=["position"],
             )
             for i, rate in enumerate(spec["acceptance_by_position"], start=1):
                 if rate is not None:
