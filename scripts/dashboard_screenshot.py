@@ -26,8 +26,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/dashboard.svg"))
     ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--after", type=float, default=8.0, help="Seconds into the last level's engine run.")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--after", type=float, default=6.0, help="Seconds into the last level's engine run.")
     ap.add_argument("--size", default="120x36", help="Terminal columns x rows.")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]

@@ -118,6 +118,15 @@ def test_rate_history_bins_holds_and_forgets():
     assert h.peak() == 1.0 and len(h.series()) == 10
 
 
+def test_rate_history_follows_a_slow_feed():
+    h = figures.RateHistory(span_s=30, hold_s=3)
+    for i in range(6):  # one snapshot every 5 s (`--interval 5`)
+        h.add(100.0 + 5 * i, 50.0)
+    assert h.series()[-26:] == [50.0] * 26  # no dips to 0 between snapshots
+    h.add(140.0, 60.0)  # then a 15 s outage: the usual gap is still 5 s, so it shows
+    assert h.series()[-15:] == [50.0] * 7 + [0.0] * 7 + [60.0]  # held 7.5 s after the last one at 125
+
+
 # --- the app on a scripted feed ---------------------------------------------------
 
 

@@ -5,6 +5,7 @@ Pure Python, no Textual, so every figure can be checked without a screen.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,22 +135,30 @@ class RateHistory:
     """Aggregate generated tok/s, one bin per second of snapshot time, over the last span_s seconds.
 
     Time is the snapshots' own clock, so a scripted feed draws the same chart every run.
-    A bin with no sample repeats the one before it while samples are at most `hold_s` apart
-    (snapshots may come every 2 s); longer gaps (an outage) read as 0.
+    A bin with no sample repeats the one before it for up to `hold_s` seconds, or 1.5 times the
+    usual gap between snapshots if that is longer (`--interval 5`); longer gaps (an outage) read as 0.
     """
 
     span_s: int = 120
     hold_s: float = 3.0
     _bins: dict[int, tuple[float, int]] = field(default_factory=dict)  # second -> (sum of tok/s, samples)
     _last_t: float | None = None
+    _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=9))  # seconds between recent snapshots
 
     def add(self, t: float, tps: float) -> None:
         sec = int(t)
         total, n = self._bins.get(sec, (0.0, 0))
         self._bins[sec] = (total + tps, n + 1)
+        if self._last_t is not None and t > self._last_t:
+            self._gaps.append(t - self._last_t)
         self._last_t = t if self._last_t is None else max(self._last_t, t)
         for old in [k for k in self._bins if k <= sec - self.span_s]:
             del self._bins[old]
+
+    def hold(self) -> float:
+        """Seconds a value is carried over empty bins: the median gap tells the feed's pace, an outage does not."""
+        usual = sorted(self._gaps)[len(self._gaps) // 2] if self._gaps else 0.0
+        return max(self.hold_s, 1.5 * usual)
 
     def series(self) -> list[float]:
         """Exactly span_s values, oldest first, ending at the latest sample's second (zeros before any)."""
@@ -157,12 +166,12 @@ class RateHistory:
             return [0.0] * self.span_s
         end = int(self._last_t)
         out: list[float] = []
-        value, seen_at = 0.0, None
+        value, seen_at, hold = 0.0, None, self.hold()
         for sec in range(end - self.span_s + 1, end + 1):
             if sec in self._bins:
                 total, n = self._bins[sec]
                 value, seen_at = total / n, sec
-            elif seen_at is None or sec - seen_at > self.hold_s:
+            elif seen_at is None or sec - seen_at > hold:
                 value = 0.0
             out.append(value)
         return out
