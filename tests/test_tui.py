@@ -101,6 +101,9 @@ def test_derived_figures():
     assert figures.spec_acceptance(stream(0, "decode", acceptance=0.5)) == 0.5
     assert [figures.fmt_seconds(x) for x in (None, 0.0114, 1.7561)] == ["—", "11 ms", "1.76 s"]
     assert figures.fmt_count(134515008) == "135M"
+    assert figures.kv_text(snapshot()) == "3520 / 8192 cells · 3 kept prefixes"
+    kept = snapshot(prefix_cache={"hit_tokens": 342, "retained_cells": 96})
+    assert figures.kv_text(kept) == "3520 / 8192 cells · 3 kept prefixes (96 cells)"
     ids = lambda sort: [s["id"] for s in figures.sorted_streams(STREAMS, sort)]  # noqa: E731
     assert [ids(i) for i in range(4)] == [[0, 1, 2, 3], [3, 0, 1, 2], [0, 3, 1, 2], [0, 3, 1, 2]]
 
@@ -368,6 +371,7 @@ async def test_live_requests_on_a_real_server(tmp_path, servers):
         replies = await work
         assert all(r["usage"]["completion_tokens"] == 32 for r in replies)
         await until(pilot, lambda: app.card("done") == "3", "three finished requests", timeout=10)
+        assert "kept prefixes (" in text_of(app, "#kv-text")  # finished prompts stay cached, counted in cells
         assert app.history.peak() > 0 and "peak 0.0" not in text_of(app, "#chart-caption")
         assert proc.poll() is None
 

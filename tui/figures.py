@@ -91,7 +91,9 @@ def model_lines(snap: dict[str, Any]) -> list[str]:
 def kv_text(snap: dict[str, Any]) -> str:
     kv = snap.get("kv", {})
     used, total = kv.get("used_cells", 0), kv.get("total_cells", 0)
-    return f"{used} / {total} cells · {kv.get('retained_prefixes', 0)} kept prefixes"
+    text = f"{used} / {total} cells · {kv.get('retained_prefixes', 0)} kept prefixes"
+    kept_cells = snap.get("prefix_cache", {}).get("retained_cells")
+    return text if kept_cells is None else f"{text} ({kept_cells} cells)"
 
 
 # --- the streams table ------------------------------------------------------
