@@ -207,6 +207,17 @@ async def test_keys_pause_sort_help_quit():
         assert app.return_code == 0
 
 
+async def test_a_fast_feed_is_drawn_at_a_bounded_rate():
+    """Snapshots faster than the screen can draw are folded into the newest one, not queued up."""
+    source = ScriptedSource([snapshot(t=1000.0 + i / 100, requests={"running": i, "waiting": 0}) for i in range(60)])
+    app = make_dashboard(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.received == 60 and app.shown is app.latest, "the burst")
+        assert app.card("running") == "59"
+        assert app.draws < 10, f"{app.draws} redraws for one burst of 60 snapshots"
+        assert app.history.samples == 60  # every snapshot still reached the chart's history
+
+
 async def test_an_outage_is_shown_and_cleared():
     app = make_dashboard(ScriptedSource(["no server at /tmp/x.sock"]))
     async with app.run_test(size=SIZE) as pilot:
@@ -227,7 +238,7 @@ async def test_layout_matches_the_svg_snapshot(tmp_path):
     feed = [snapshot(t=1000.0 + i, tps=150 + 40 * math.sin(i / 9)) for i in range(130)]
     app = make_dashboard(ScriptedSource(feed))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.received == len(feed), "the scripted feed")
+        await until(pilot, lambda: app.received == len(feed) and app.shown is app.latest, "the scripted feed")
         await pilot.pause()
         svg = app.export_screenshot()
     if os.environ.get("EDGEINFER_UPDATE_SNAPSHOTS") == "1":

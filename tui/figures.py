@@ -143,11 +143,13 @@ class RateHistory:
 
     span_s: int = 120
     hold_s: float = 3.0
+    samples: int = 0  # snapshots added since start
     _bins: dict[int, tuple[float, int]] = field(default_factory=dict)  # second -> (sum of tok/s, samples)
     _last_t: float | None = None
     _gaps: deque[float] = field(default_factory=lambda: deque(maxlen=9))  # seconds between recent snapshots
 
     def add(self, t: float, tps: float) -> None:
+        self.samples += 1
         sec = int(t)
         total, n = self._bins.get(sec, (0.0, 0))
         self._bins[sec] = (total + tps, n + 1)
