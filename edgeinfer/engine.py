@@ -417,6 +417,7 @@ class Engine:
                         fut.set_exception(EngineClosedError("the engine is closed"))
                     return
             # Drafting happens outside the lock: only this thread changes streams' tokens.
+            t_iter = time.perf_counter()
             if self.spec is not None and self.spec_enabled:
                 try:
                     self.spec.propose(self.sched.running, self._prefill_estimate())
@@ -439,6 +440,11 @@ class Engine:
                 self._step(plan)
             except BaseException as e:
                 self._fail_all(e)
+                continue
+            if self.spec is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
+                # A decode-only step: its whole time, drafting included, against what it emitted.
+                drafted = any(it.n_draft for it in plan.items)
+                self.spec.observe_iteration(len(plan.items), drafted, self._step_tokens, time.perf_counter() - t_iter)
 
     def _step(self, plan: StepPlan) -> None:
         for s in plan.finished:

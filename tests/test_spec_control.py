@@ -69,3 +69,18 @@ def test_acceptance_moves_towards_what_is_observed():
     for _ in range(20):
         a.update(drafted=4, accepted=0)
     assert a.alpha < 0.1
+
+
+def test_gate_switches_drafting_off_where_it_delivers_less_and_keeps_probing():
+    from edgeinfer.spec.control import Gate
+
+    g = Gate(probe_every=10, retry_every=50, min_samples=3, weight=0.1)
+    for _ in range(5):
+        g.observe(4, drafted=True, tokens=8, seconds=0.10)  # 80 tok/s with drafts
+        g.observe(4, drafted=False, tokens=4, seconds=0.04)  # 100 tok/s without
+        g.observe(1, drafted=True, tokens=3, seconds=0.02)  # 150 tok/s with drafts
+        g.observe(1, drafted=False, tokens=1, seconds=0.01)  # 100 tok/s without
+    allowed4 = [g.allows(4) for _ in range(100)]
+    allowed1 = [g.allows(1) for _ in range(100)]
+    assert 1 <= sum(allowed4) <= 2  # only re-tries, with a growing pause between them
+    assert 85 <= sum(allowed1) <= 95  # all but the baseline probes

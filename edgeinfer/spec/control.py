@@ -140,3 +140,56 @@ class Controller:
         """Too little measured yet: a short draft on one stream, to learn its cost and acceptance."""
         best = max(candidates, key=lambda c: c.alpha)
         return {best.key: min(2, best.available, self.max_draft)}
+
+
+@dataclass(slots=True)
+class Gate:
+    """Checks the cost model against what speculation actually delivers.
+
+    For each batch size it keeps the realised tokens per second of decode-only steps
+    with drafts and without, drafting time included (a draft model's catch-up on a new
+    prompt too). Where drafting delivers less it is switched off for that batch size and
+    re-tried after a pause that doubles with every failed re-try. One step in
+    `probe_every` runs without drafts, so the baseline is always measured.
+    """
+
+    weight: float = 0.2
+    probe_every: int = 16
+    retry_every: int = 64
+    max_retry: int = 4096
+    min_samples: int = 2
+    on: dict[int, float] = field(default_factory=dict)
+    off: dict[int, float] = field(default_factory=dict)
+    n_on: dict[int, int] = field(default_factory=dict)
+    n_off: dict[int, int] = field(default_factory=dict)
+    next_retry: dict[int, int] = field(default_factory=dict)
+    pause: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
+
+    def allows(self, n_decoding: int) -> bool:
+        self.steps += 1
+        if self.steps % self.probe_every == 0:
+            return False
+        b = _bucket(n_decoding)
+        if self.n_on.get(b, 0) < self.min_samples or self.n_off.get(b, 0) < self.min_samples:
+            return True
+        if self.on[b] >= self.off[b]:
+            self.pause[b] = self.retry_every
+            return True
+        if b not in self.next_retry:
+            self.next_retry[b] = self.steps + self.pause.setdefault(b, self.retry_every)
+        if self.steps >= self.next_retry[b]:
+            self.pause[b] = min(2 * self.pause.get(b, self.retry_every), self.max_retry)
+            self.next_retry[b] = self.steps + self.pause[b]
+            return True
+        return False
+
+    def observe(self, n_decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0 or n_decoding == 0:
+            return
+        b = _bucket(n_decoding)
+        rates, counts = (self.on, self.n_on) if drafted else (self.off, self.n_off)
+        rate = tokens / seconds
+        old = rates.get(b)
+        rates[b] = rate if old is None else old + self.weight * (rate - old)
+        counts[b] = counts.get(b, 0) + 1

@@ -14,7 +14,7 @@ import numpy as np
 from edgeinfer.llamacpp import Context, ContextParams, Model
 from edgeinfer.params import EngineConfig, SamplingParams
 from edgeinfer.scheduler import BatchItem, Stream
-from edgeinfer.spec.control import Acceptance, Candidate, Controller
+from edgeinfer.spec.control import Acceptance, Candidate, Controller, Gate
 from edgeinfer.spec.draft import DraftModel, DraftRequest
 from edgeinfer.spec.ngram import NgramIndex
 from edgeinfer.spec.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
@@ -72,6 +72,7 @@ class Speculator:
         self.source = "draft" if self.drafter is not None and self.mode != "ngram" else "ngram"
         self.max_draft = config.spec_max
         self.controller = Controller(config.spec_max)
+        self.gate = Gate()
         self.counters = SpecCounters(config.spec_max)
         self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
 
@@ -111,6 +112,8 @@ class Speculator:
             by_id[s.id] = s
         if not cands:
             return
+        if self.adaptive and not self.gate.allows(len(decoding)):
+            return
         if self.adaptive:
             base = len(decoding) + prefill_tokens
             plan = self.controller.plan(cands, base, len(decoding), self.drafter is not None)
@@ -140,6 +143,10 @@ class Speculator:
 
     def observe_step(self, n_tokens: int, seconds: float) -> None:
         self.controller.target.observe(n_tokens, seconds)
+
+    def observe_iteration(self, n_decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A decode-only step, drafting and verification included: feeds the gate."""
+        self.gate.observe(n_decoding, drafted, tokens, seconds)
 
     def verify(self, ctx: Context, item: BatchItem, sampler: Any) -> list[int]:
         """The tokens to emit for a stream whose item carried drafts (accepted drafts, then one more)."""
