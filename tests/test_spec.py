@@ -113,3 +113,14 @@ def test_a_draft_model_with_another_vocabulary_is_refused(model_path, tmp_path):
 def test_spec_draft_without_a_draft_model_is_a_clear_error():
     result = CliRunner().invoke(main, ["generate", "hi", "--spec", "draft"])
     assert result.exit_code != 0 and "--draft-model" in result.output
+
+
+def test_forked_streams_from_a_kept_prefix_finish_with_speculation_on(model_path):
+    with Engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
+        prompt = chat(eng, PROMPTS[2])
+        eng.generate(prompt, SamplingParams(temperature=0, max_tokens=4))
+        # The whole prompt is kept: the leader starts one token from the end, and its first
+        # logits row also starts its forks.
+        results = [h.result() for h in eng.submit(prompt, SamplingParams(temperature=0, max_tokens=20), n=2)]
+    assert [r.stats.completion_tokens for r in results] == [20, 20] or all(r.finish_reason == "stop" for r in results)
+    assert results[0].token_ids == results[1].token_ids

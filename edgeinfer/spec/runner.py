@@ -100,7 +100,8 @@ class Speculator:
         for s in decoding:
             st: SpecState | None = s.payload.spec
             room = min(self.max_draft, s.max_new - s.n_generated - 1)
-            if st is None or room <= 0:
+            # The first token always comes from the plain path: it may feed forked streams too.
+            if st is None or room <= 0 or s.n_generated == 0:
                 continue
             if st.ngram is not None:
                 found = st.ngram.draft(room)
