@@ -325,10 +325,12 @@ def bench(
     config.parallel = max(levels)
     config.batch_size = max(config.batch_size, config.parallel)
     engine = make_engine(config)
-    if config.spec != "off":
-        job = lambda say: run_spec_levels(engine, workload, levels, max_tokens, repeats, say)  # noqa: E731
-    else:
-        job = lambda say: run_levels(engine, levels, max_tokens, repeats, progress=say)  # noqa: E731
+
+    def job(say: Callable[[str], None]) -> list[Any]:
+        if config.spec != "off":
+            return run_spec_levels(engine, workload, levels, max_tokens, repeats, say)
+        return run_levels(engine, levels, max_tokens, repeats, progress=say)
+
     try:
         if dashboard:
             from edgeinfer.tui.run import bench_with_dashboard

@@ -75,7 +75,7 @@ class Vocab:
     """Tokenizer of a loaded model: text <-> token ids, end-of-generation tests."""
 
     def __init__(self, handle: C.llama_vocab_p) -> None:
-        self._h = handle
+        self._h: C.llama_vocab_p | None = handle  # None once its model is closed
         self.n_tokens: int = C.llama_vocab_n_tokens(handle)
         self.bos: int = C.llama_vocab_bos(handle)
         self.eos: int = C.llama_vocab_eos(handle)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import pytest
 
 from edgeinfer.engine import Engine
@@ -48,3 +51,14 @@ def assert_same_or_near_tie(ref, other) -> bool:
     gap = top[ref.token_ids[i]] - top[other.token_ids[i]]
     assert gap < NEAR_TIE_NATS, f"runs part at token {i} where the reference was confident (gap {gap:.3f} nats)"
     return False
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM a server subprocess (as a user would), then kill it if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

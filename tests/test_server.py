@@ -18,6 +18,8 @@ import pytest
 
 from edgeinfer.client import async_client, client
 
+from .conftest import stop_process
+
 MODEL = "default"
 
 
@@ -38,15 +40,6 @@ def start_server(sock: Path, *args: str) -> subprocess.Popen:
     raise AssertionError("server did not become healthy in 60 s")
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def raw(sock: Path, **kw) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120, **kw)
 
@@ -56,7 +49,7 @@ def server(tmp_path_factory):
     sock = tmp_path_factory.mktemp("srv") / "edgeinfer.sock"
     proc = start_server(sock, "--parallel", "8")
     yield sock
-    stop_server(proc)
+    stop_process(proc)
 
 
 @pytest.fixture
@@ -370,4 +363,4 @@ def test_api_key_and_queue_bound(tmp_path):
         codes = asyncio.run(burst())
         assert codes.count(200) >= 2 and 503 in codes
     finally:
-        stop_server(proc)
+        stop_process(proc)

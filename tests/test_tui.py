@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from edgeinfer.tui.app import Dashboard, make_dashboard
 from edgeinfer.tui.run import BenchmarkStopped, bench_with_dashboard, run_headless, serve_with_dashboard
 from edgeinfer.tui.sources import ScriptedSource, SocketSource
 from edgeinfer.tui.widgets import HelpScreen, KvBar, StreamsTable
+
+from .conftest import stop_process
 
 SIZE = (120, 36)
 SNAPSHOT_SVG = Path(__file__).parent / "snapshots" / "dashboard.svg"
@@ -301,17 +302,7 @@ def servers():
 
     yield start
     for proc in procs:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 async def chat(sock: Path, n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -345,7 +336,7 @@ async def test_no_server_then_a_server_then_a_restart(tmp_path, servers):
         await until(pilot, lambda: app.status_text() == f"● unix:{sock}", "the first server", timeout=90)
         assert "135M params" in text_of(app, "#model") and "context 2048 cells" in text_of(app, "#model")
 
-        stop(first)
+        stop_process(first)
         await until(pilot, lambda: app.status_text().startswith("✗"), "the lost server", timeout=30)
         seen = app.received
 

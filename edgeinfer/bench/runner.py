@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeinfer.bench.rawloop import run_raw
-from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.bench.stats import RunResult, StreamResult, best
 from edgeinfer.bench.workloads import CHAT, prompts
 from edgeinfer.engine import Engine
 from edgeinfer.params import SamplingParams
@@ -23,26 +23,12 @@ class LevelResult:
     raw: RunResult
 
     def as_dict(self) -> dict[str, object]:
-        def figures(r: RunResult) -> dict[str, float | None]:
-            return {
-                "decode_tps": round(r.decode_tps, 2),
-                "total_tps": round(r.total_tps, 2),
-                "per_stream_tps": round(r.per_stream_tps, 2),
-                "prefill_tps": round(r.prefill_tps, 2),
-                "ttft_p50_s": _r(r.ttft(50)),
-                "ttft_p95_s": _r(r.ttft(95)),
-            }
-
         return {
             "concurrency": self.concurrency,
-            "engine": figures(self.engine),
-            "raw": figures(self.raw),
+            "engine": self.engine.figures(),
+            "raw": self.raw.figures(),
             "engine_over_raw": round(self.engine.decode_tps / self.raw.decode_tps, 3) if self.raw.decode_tps else None,
         }
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
 
 
 def chat_messages(n: int, tag: str = "") -> list[list[dict[str, str]]]:
@@ -96,8 +82,7 @@ def run_levels(
             e = run_engine(engine, prompts, max_tokens)
             progress(f"concurrency {c}: raw loop run {i + 1}/{repeats}")
             r = raw(prompts, max_tokens)
-            best_e = e if best_e is None or e.decode_tps > best_e.decode_tps else best_e
-            best_r = r if best_r is None or r.decode_tps > best_r.decode_tps else best_r
+            best_e, best_r = best(best_e, e), best(best_r, r)
         assert best_e is not None and best_r is not None
         out.append(LevelResult(c, best_e, best_r))
     return out
@@ -112,20 +97,11 @@ class SocketLevel:
     socket: RunResult
 
     def as_dict(self) -> dict[str, object]:
-        def figures(r: RunResult) -> dict[str, float | None]:
-            return {
-                "decode_tps": round(r.decode_tps, 2),
-                "total_tps": round(r.total_tps, 2),
-                "per_stream_tps": round(r.per_stream_tps, 2),
-                "ttft_p50_s": _r(r.ttft(50)),
-                "ttft_p95_s": _r(r.ttft(95)),
-            }
-
         ratio = round(self.socket.total_tps / self.engine.total_tps, 3) if self.engine.total_tps else None
         return {
             "concurrency": self.concurrency,
-            "engine": figures(self.engine),
-            "socket": figures(self.socket),
+            "engine": self.engine.figures(),
+            "socket": self.socket.figures(),
             "socket_over_engine": ratio,
         }
 
@@ -158,8 +134,7 @@ def run_socket_levels(
             progress(f"concurrency {c}: in-process run {i + 1}/{repeats}")
             msgs = chat_messages(c, f"Run e{c}.{i}. ")
             e = run_engine(engine, [engine.chat_prompt(m) for m in msgs], max_tokens, reset=False)
-            best_e = e if best_e is None or e.total_tps > best_e.total_tps else best_e
-            best_s = s if best_s is None or s.total_tps > best_s.total_tps else best_s
+            best_e, best_s = best(best_e, e, "total_tps"), best(best_s, s, "total_tps")
         assert best_e is not None and best_s is not None
         out.append(SocketLevel(c, best_e, best_s))
     return out
@@ -177,8 +152,8 @@ class SpecLevel:
     def as_dict(self) -> dict[str, object]:
         return {
             "concurrency": self.concurrency,
-            "spec_on": {"decode_tps": round(self.on.decode_tps, 2), "ttft_p50_s": _r(self.on.ttft(50))},
-            "spec_off": {"decode_tps": round(self.off.decode_tps, 2), "ttft_p50_s": _r(self.off.ttft(50))},
+            "spec_on": self.on.figures(),
+            "spec_off": self.off.figures(),
             "on_over_off": round(self.on.decode_tps / self.off.decode_tps, 3) if self.off.decode_tps else None,
             "acceptance": None if self.acceptance is None else round(self.acceptance, 3),
         }
@@ -208,8 +183,7 @@ def run_spec_levels(
             engine.set_speculation(False)
             progress(f"concurrency {c}: speculation off, run {i + 1}/{repeats}")
             off = run_engine(engine, ps, max_tokens)
-            best_on = on if best_on is None or on.decode_tps > best_on.decode_tps else best_on
-            best_off = off if best_off is None or off.decode_tps > best_off.decode_tps else best_off
+            best_on, best_off = best(best_on, on), best(best_off, off)
         engine.set_speculation(True)
         drafted = engine.spec.counters.drafted - before[0]
         accepted = engine.spec.counters.accepted - before[1]

@@ -51,3 +51,23 @@ class RunResult:
 
     def ttft(self, q: float) -> float | None:
         return percentile([s.ttft_s for s in self.streams if s.ttft_s is not None], q)
+
+    def figures(self) -> dict[str, float | None]:
+        """The run's figures for the JSON report."""
+        return {
+            "decode_tps": round(self.decode_tps, 2),
+            "total_tps": round(self.total_tps, 2),
+            "per_stream_tps": round(self.per_stream_tps, 2),
+            "prefill_tps": round(self.prefill_tps, 2),
+            "ttft_p50_s": _round(self.ttft(50)),
+            "ttft_p95_s": _round(self.ttft(95)),
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def best(current: RunResult | None, new: RunResult, key: str = "decode_tps") -> RunResult:
+    """The better of two runs by a figure (best of the repeats)."""
+    return new if current is None or getattr(new, key) > getattr(current, key) else current
