@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from edgeinfer.tui.messages import FeedDown, StatsUpdate
 
@@ -74,13 +75,13 @@ class SocketSource:
         """One connection: snapshots until it ends, then one FeedDown saying why."""
         again = f"retrying every {self.retry_s:g} s"
         try:
-            async with client.stream("GET", STREAM_PATH, params={"interval": self.interval}) as r:
+            async with aconnect_sse(client, "GET", STREAM_PATH, params={"interval": self.interval}) as feed:
+                r = feed.response
                 if r.status_code != 200:
                     yield self._refused(r.status_code, await r.aread())
                     return
-                async for line in r.aiter_lines():
-                    if line.startswith("data:"):
-                        yield StatsUpdate(json.loads(line[5:]))
+                async for sse in feed.aiter_sse():
+                    yield StatsUpdate(json.loads(sse.data))
             yield FeedDown(f"the server at {self.path} ended the stats stream", again)
         except httpx.ConnectError:
             yield FeedDown(f"no server at {self.path}", f"{serve_hint(self.path)}; {again}")
