@@ -318,7 +318,7 @@ def bench(
             socket_results = run_socket_levels(engine, path, levels, max_tokens, repeats, api_key, progress)
         finally:
             engine.close()
-        print_socket_table(socket_results, max_tokens, str(path))
+        print_socket_table(socket_results, max_tokens, str(path), err=json_out == "-")
         if json_out:
             write_json(socket_results, json_out, engine, max_tokens)
         return
@@ -341,9 +341,9 @@ def bench(
     finally:
         engine.close()
     if config.spec != "off":
-        print_spec_table(results, max_tokens, workload, config.spec, engine.model_path.name)
+        print_spec_table(results, max_tokens, workload, config.spec, engine.model_path.name, err=json_out == "-")
     else:
-        print_table(results, max_tokens)
+        print_table(results, max_tokens, err=json_out == "-")
     if json_out:
         write_json(results, json_out, engine, max_tokens)
 

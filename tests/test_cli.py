@@ -89,3 +89,28 @@ def test_chat_repl_streams_and_reuses_history(runner):
     assert len(lines) >= 2
     assert "prompt tokens reused" in lines[1]
     assert "/reset" in result.output and "conversation cleared" in result.output
+
+
+def test_bench_sweep_writes_figures_and_a_knee(runner):
+    result = runner.invoke(
+        main, ["bench", "--concurrency", "1,2", "--max-tokens", "4", "--repeats", "1", "--json", "-"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == 1 and doc["kind"] == "engine" and doc["max_tokens"] == 4
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
+    for lv in doc["levels"]:
+        assert lv["engine"]["decode_tps"] > 0 and lv["raw"]["decode_tps"] > 0 and lv["engine_over_raw"] > 0
+        assert lv["engine"]["ttft_p50_s"] > 0
+    assert doc["knee"]["parallel"] in (1, 2)
+    assert "recommended --parallel" in result.stderr
+
+
+def test_bench_with_speculation_compares_on_and_off(runner):
+    args = ["bench", "--spec", "ngram", "--workload", "code-edit", "--concurrency", "1"]
+    result = runner.invoke(main, [*args, "--max-tokens", "8", "--repeats", "1", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "spec"
+    level = doc["levels"][0]
+    assert level["spec_on"]["decode_tps"] > 0 and level["spec_off"]["decode_tps"] > 0

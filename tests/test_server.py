@@ -364,3 +364,17 @@ def test_api_key_and_queue_bound(tmp_path):
         assert codes.count(200) >= 2 and 503 in codes
     finally:
         stop_process(proc)
+
+
+def test_bench_sweep_over_the_socket(server):
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main
+
+    args = ["bench", "--socket", str(server), "--concurrency", "1,2", "--max-tokens", "4", "--repeats", "1"]
+    result = CliRunner().invoke(main, [*args, "--json", "-"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "socket"
+    for lv in doc["levels"]:
+        assert lv["socket"]["total_tps"] > 0 and lv["engine"]["total_tps"] > 0 and lv["socket_over_engine"] > 0
