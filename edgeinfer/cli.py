@@ -263,7 +263,13 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
 @click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated stream counts.")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens generated per stream.")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Runs per level; the best is kept.")
-@click.option("--workload", type=click.Choice(["chat", "code-edit"]), default="chat", show_default=True)
+@click.option(
+    "--workload",
+    type=click.Choice(["chat", "code-edit", "agent", "long-prefill"]),
+    default="chat",
+    show_default=True,
+    help="Fixed prompt set (edgeinfer/bench/workloads.py).",
+)
 @click.option("--socket", "socket_path", default=None, help="Measure the server on this socket beside the engine.")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
 @click.option("--json", "json_out", default=None, help="Write figures as JSON to FILE, or - for stdout.")
@@ -329,7 +335,7 @@ def bench(
     def job(say: Callable[[str], None]) -> list[Any]:
         if config.spec != "off":
             return run_spec_levels(engine, workload, levels, max_tokens, repeats, say)
-        return run_levels(engine, levels, max_tokens, repeats, progress=say)
+        return run_levels(engine, levels, max_tokens, repeats, progress=say, workload=workload)
 
     try:
         if dashboard:

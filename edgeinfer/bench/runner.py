@@ -63,25 +63,26 @@ def run_levels(
     max_tokens: int,
     repeats: int = 2,
     progress: Callable[[str], None] = lambda _: None,
+    workload: str = "chat",
 ) -> list[LevelResult]:
     """For each concurrency, alternate engine and raw runs; keep the best decode rate of each.
 
     The raw loop runs on the engine's own context and thread, between engine runs.
     """
-    raw = lambda prompts, n: engine.run_exclusive(lambda ctx: run_raw(ctx, prompts, n))  # noqa: E731
+    raw = lambda ps_, n: engine.run_exclusive(lambda ctx: run_raw(ctx, ps_, n))  # noqa: E731
     warm = chat_prompts(engine, 1)
     run_engine(engine, warm, 8)
     raw(warm, 8)
     out = []
     for c in levels:
-        prompts = chat_prompts(engine, c)
+        ps = prompts(engine, workload, c)
         best_e: RunResult | None = None
         best_r: RunResult | None = None
         for i in range(repeats):
             progress(f"concurrency {c}: engine run {i + 1}/{repeats}")
-            e = run_engine(engine, prompts, max_tokens)
+            e = run_engine(engine, ps, max_tokens)
             progress(f"concurrency {c}: raw loop run {i + 1}/{repeats}")
-            r = raw(prompts, max_tokens)
+            r = raw(ps, max_tokens)
             best_e, best_r = best(best_e, e), best(best_r, r)
         assert best_e is not None and best_r is not None
         out.append(LevelResult(c, best_e, best_r))

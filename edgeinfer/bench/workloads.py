@@ -91,7 +91,38 @@ def code_edit_prompt(i: int) -> str:
     return f"Rename the function `{old}` to `{new}` in {name} and print the whole file:\n```python\n{body}```"
 
 
-WORKLOADS = ("chat", "code-edit")
+# Agent: one long shared system prompt of tool definitions, a JSON tool call expected back.
+_TOOLS = [
+    ("read_file", "Read a file from the workspace; returns its text.", '{"path": "string"}'),
+    ("write_file", "Replace a file's text in the workspace.", '{"path": "string", "text": "string"}'),
+    ("list_dir", "List a directory of the workspace.", '{"path": "string"}'),
+    ("run_tests", "Run the test suite; returns the summary line.", '{"pattern": "string"}'),
+    ("search", "Search the workspace for a regular expression.", '{"regex": "string"}'),
+    ("git_diff", "Show the uncommitted changes.", "{}"),
+]
+AGENT_SYSTEM = (
+    "You are a coding agent working in a repository. Answer every request with exactly one tool call "
+    'as JSON: {"tool": NAME, "arguments": {...}}. Tools:\n'
+    + "".join(f"- {name}: {doc} Arguments: {args}\n" for name, doc, args in _TOOLS)
+    * 4
+)
+AGENT_TASKS = [
+    "Open the README.",
+    "Find where the scheduler admits requests.",
+    "Run the tests for the server.",
+    "Show me what changed.",
+    "List the scripts folder.",
+    "Search for TODO comments.",
+]
+
+# Long prefill: a long document and a one-line question.
+_DOC = " ".join(
+    f"Section {i}: the committee met on day {i} and agreed on item {i * 7 % 23}, with {i % 5} objections noted."
+    for i in range(1, 60)
+)
+
+
+WORKLOADS = ("chat", "code-edit", "agent", "long-prefill")
 
 
 def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[int]]:
@@ -100,4 +131,16 @@ def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[i
         return [engine.chat_prompt([{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}]) for i in range(n)]
     if workload == "code-edit":
         return [engine.chat_prompt([{"role": "user", "content": f"{tag}{code_edit_prompt(i)}"}]) for i in range(n)]
+    if workload == "agent":
+        return [
+            engine.chat_prompt(
+                [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": f"{tag}{AGENT_TASKS[i % 6]}"}]
+            )
+            for i in range(n)
+        ]
+    if workload == "long-prefill":
+        ask = "In one sentence: on which day was item {} agreed?"
+        return [
+            engine.chat_prompt([{"role": "user", "content": f"{_DOC}\n\n{tag}{ask.format(i % 23)}"}]) for i in range(n)
+        ]
     raise ValueError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
