@@ -271,7 +271,9 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
     help="Fixed prompt set (edgeinfer/bench/workloads.py).",
 )
 @click.option("--socket", "socket_path", default=None, help="Measure the server on this socket beside the engine.")
-@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
+@click.option("--url", default=None, help="Measure any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1.")
+@click.option("--remote-model", default=None, help="With --url: the model name to send (default: its first).")
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket/--url: the API key.")
 @click.option("--json", "json_out", default=None, help="Write figures as JSON to FILE, or - for stdout.")
 @click.option("--dashboard", is_flag=True, help="Show the live dashboard of the engine while it runs.")
 @click.pass_context
@@ -283,12 +285,17 @@ def bench(
     max_tokens: int,
     repeats: int,
     socket_path: str | None,
+    url: str | None,
+    remote_model: str | None,
     api_key: str | None,
     json_out: str | None,
     dashboard: bool,
     **kw: Any,
 ) -> None:
     """Measure decode throughput and TTFT: the engine beside a raw llama_decode loop.
+
+    With --url, any OpenAI-compatible endpoint (llama-server, Ollama, vLLM) runs the same
+    workload over HTTP, alone.
 
     With --spec ngram|draft|auto, the engine is measured with speculation on and off,
     alternating, on the same engine. With --socket, a running `edgeinfer serve` is
@@ -309,6 +316,15 @@ def bench(
         raise click.BadParameter("--max-tokens must be at least 2 and --repeats at least 1")
     config = config_from(kw)
     progress = lambda m: click.echo(click.style(m, dim=True), err=True)  # noqa: E731
+    if url:
+        from edgeinfer.bench.report import print_url_table, write_url_json
+        from edgeinfer.bench.runner import run_url_levels
+
+        url_results = run_url_levels(url, remote_model, workload, levels, max_tokens, repeats, api_key, progress)
+        print_url_table(url_results, max_tokens, url, err=json_out == "-")
+        if json_out:
+            write_url_json(url_results, json_out, url, max_tokens)
+        return
     if socket_path and dashboard:
         raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
     if socket_path:
@@ -321,7 +337,7 @@ def bench(
         config.kv_type, config.gpu_layers = info["kv_type"], info["gpu_layers"]
         engine = make_engine(config)
         try:
-            socket_results = run_socket_levels(engine, path, levels, max_tokens, repeats, api_key, progress)
+            socket_results = run_socket_levels(engine, path, levels, max_tokens, repeats, api_key, progress, workload)
         finally:
             engine.close()
         print_socket_table(socket_results, max_tokens, str(path), err=json_out == "-")

@@ -378,3 +378,29 @@ def test_bench_sweep_over_the_socket(server):
     assert doc["kind"] == "socket"
     for lv in doc["levels"]:
         assert lv["socket"]["total_tps"] > 0 and lv["engine"]["total_tps"] > 0 and lv["socket_over_engine"] > 0
+
+
+def test_bench_any_openai_endpoint_by_url(tmp_path):
+    import socket as so
+
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main
+
+    with so.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = start_server(tmp_path / "u.sock", "--parallel", "2", "--port", str(port))
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        args = ["bench", "--url", url, "--workload", "agent", "--concurrency", "1,2", "--max-tokens", "4"]
+        result = CliRunner().invoke(main, [*args, "--repeats", "1", "--json", "-"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        assert doc["kind"] == "remote" and doc["url"] == url
+        assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
+        assert all(lv["remote"]["total_tps"] > 0 and lv["remote"]["ttft_p50_s"] > 0 for lv in doc["levels"])
+    finally:
+        stop_process(proc)
+    gone = CliRunner().invoke(main, ["bench", "--url", url, "--concurrency", "1", "--max-tokens", "4"])
+    assert gone.exit_code != 0 and "nothing answers at" in gone.output and "Traceback" not in gone.output

@@ -13,6 +13,7 @@ import click
 
 from edgeinfer.bench.knee import Knee, find_knee
 from edgeinfer.bench.runner import LevelResult, SocketLevel, SpecLevel
+from edgeinfer.bench.stats import RunResult
 
 SCHEMA_VERSION = 1
 
@@ -86,6 +87,34 @@ def print_spec_table(
         echo(f"{r.concurrency:>7} {r.on.decode_tps:>16.1f} {r.off.decode_tps:>14.1f} {ratio:>6.2f} {acc:>10}")
 
 
+def print_url_table(results: list[tuple[int, RunResult]], max_tokens: int, url: str, err: bool = False) -> None:
+    echo = functools.partial(click.echo, err=err)
+    head = (
+        f"{'streams':>7} {'total tok/s':>11} {'decode tok/s':>12} {'per-stream':>10} "
+        f"{'TTFT p50 ms':>11} {'TTFT p95 ms':>11}"
+    )
+    echo(f"\n{url}, {max_tokens} tokens per stream (greedy, streaming)")
+    echo(head)
+    echo("-" * len(head))
+    for c, r in results:
+        echo(
+            f"{c:>7} {r.total_tps:>11.1f} {r.decode_tps:>12.1f} {r.per_stream_tps:>10.1f} "
+            f"{_ms(r.ttft(50)):>11} {_ms(r.ttft(95)):>11}"
+        )
+
+
+def write_url_json(results: list[tuple[int, RunResult]], dest: str, url: str, max_tokens: int) -> None:
+    doc = {
+        "schema": SCHEMA_VERSION,
+        "kind": "remote",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "url": url,
+        "max_tokens": max_tokens,
+        "levels": [{"concurrency": c, "remote": r.figures()} for c, r in results],
+    }
+    _dump(doc, dest)
+
+
 def write_json(results: list[Any], dest: str, engine: Any, max_tokens: int) -> None:
     kinds = {LevelResult: "engine", SocketLevel: "socket", SpecLevel: "spec"}
     doc = {
@@ -107,6 +136,10 @@ def write_json(results: list[Any], dest: str, engine: Any, max_tokens: int) -> N
     if results and isinstance(results[0], LevelResult) and len(results) > 1:
         knee = knee_of(results)
         doc["knee"] = {"parallel": knee.parallel, "found": knee.found, "gain_after": knee.gain_after}
+    _dump(doc, dest)
+
+
+def _dump(doc: dict[str, Any], dest: str) -> None:
     text = json.dumps(doc, indent=2)
     if dest == "-":
         click.echo(text)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edgeinfer.bench.rawloop import run_raw
 from edgeinfer.bench.stats import RunResult, StreamResult, best
-from edgeinfer.bench.workloads import CHAT, prompts
+from edgeinfer.bench.workloads import messages, prompts
 from edgeinfer.engine import Engine
 from edgeinfer.params import SamplingParams
 
@@ -29,11 +29,6 @@ class LevelResult:
             "raw": self.raw.figures(),
             "engine_over_raw": round(self.engine.decode_tps / self.raw.decode_tps, 3) if self.raw.decode_tps else None,
         }
-
-
-def chat_messages(n: int, tag: str = "") -> list[list[dict[str, str]]]:
-    """n user turns; a tag makes every run's prompts new, so no run reuses another's KV."""
-    return [[{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}] for i in range(n)]
 
 
 def chat_prompts(engine: Engine, n: int) -> list[list[int]]:
@@ -115,6 +110,7 @@ def run_socket_levels(
     repeats: int = 2,
     api_key: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    workload: str = "chat",
 ) -> list[SocketLevel]:
     """For each concurrency, alternate a run over the socket and one in-process.
 
@@ -123,18 +119,17 @@ def run_socket_levels(
     """
     from edgeinfer.bench.remote import run_socket
 
-    run_socket(socket_path, chat_messages(1, "warm-up. "), 8, api_key)
-    run_engine(engine, [engine.chat_prompt(m) for m in chat_messages(1, "warm-up. ")], 8, reset=False)
+    run_socket(socket_path, messages(workload, 1, "warm-up. "), 8, api_key)
+    run_engine(engine, prompts(engine, workload, 1, "warm-up. "), 8, reset=False)
     out = []
     for c in levels:
         best_e: RunResult | None = None
         best_s: RunResult | None = None
         for i in range(repeats):
             progress(f"concurrency {c}: socket run {i + 1}/{repeats}")
-            s = run_socket(socket_path, chat_messages(c, f"Run s{c}.{i}. "), max_tokens, api_key)
+            s = run_socket(socket_path, messages(workload, c, f"Run s{c}.{i}. "), max_tokens, api_key)
             progress(f"concurrency {c}: in-process run {i + 1}/{repeats}")
-            msgs = chat_messages(c, f"Run e{c}.{i}. ")
-            e = run_engine(engine, [engine.chat_prompt(m) for m in msgs], max_tokens, reset=False)
+            e = run_engine(engine, prompts(engine, workload, c, f"Run e{c}.{i}. "), max_tokens, reset=False)
             best_e, best_s = best(best_e, e, "total_tps"), best(best_s, s, "total_tps")
         assert best_e is not None and best_s is not None
         out.append(SocketLevel(c, best_e, best_s))
@@ -190,4 +185,32 @@ def run_spec_levels(
         accepted = engine.spec.counters.accepted - before[1]
         assert best_on is not None and best_off is not None
         out.append(SpecLevel(c, best_on, best_off, accepted / drafted if drafted else None))
+    return out
+
+
+def run_url_levels(
+    url: str,
+    model: str | None,
+    workload: str,
+    levels: list[int],
+    max_tokens: int,
+    repeats: int = 2,
+    api_key: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[tuple[int, RunResult]]:
+    """Any OpenAI-compatible endpoint: the same workload, best aggregate tok/s of the repeats per level."""
+    from edgeinfer.bench.remote import remote_model, run_url
+
+    model = model or remote_model(url, api_key)
+    run_url(url, model, messages(workload, 1, "warm-up. "), 8, api_key)
+    out = []
+    for c in levels:
+        top: RunResult | None = None
+        for i in range(repeats):
+            progress(f"concurrency {c}: run {i + 1}/{repeats} against {url}")
+            top = best(
+                top, run_url(url, model, messages(workload, c, f"Run u{c}.{i}. "), max_tokens, api_key), "total_tps"
+            )
+        assert top is not None
+        out.append((c, top))
     return out

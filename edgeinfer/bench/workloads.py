@@ -125,22 +125,23 @@ _DOC = " ".join(
 WORKLOADS = ("chat", "code-edit", "agent", "long-prefill")
 
 
-def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[int]]:
-    """Token prompts for n streams of a workload; a tag makes them new (no reuse across runs)."""
+def messages(workload: str, n: int, tag: str = "") -> list[list[dict[str, str]]]:
+    """Chat messages for n streams of a workload; a tag makes them new (no reuse across runs)."""
     if workload == "chat":
-        return [engine.chat_prompt([{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}]) for i in range(n)]
+        return [[{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}] for i in range(n)]
     if workload == "code-edit":
-        return [engine.chat_prompt([{"role": "user", "content": f"{tag}{code_edit_prompt(i)}"}]) for i in range(n)]
+        return [[{"role": "user", "content": f"{tag}{code_edit_prompt(i)}"}] for i in range(n)]
     if workload == "agent":
         return [
-            engine.chat_prompt(
-                [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": f"{tag}{AGENT_TASKS[i % 6]}"}]
-            )
+            [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": f"{tag}{AGENT_TASKS[i % 6]}"}]
             for i in range(n)
         ]
     if workload == "long-prefill":
         ask = "In one sentence: on which day was item {} agreed?"
-        return [
-            engine.chat_prompt([{"role": "user", "content": f"{_DOC}\n\n{tag}{ask.format(i % 23)}"}]) for i in range(n)
-        ]
+        return [[{"role": "user", "content": f"{_DOC}\n\n{tag}{ask.format(i % 23)}"}] for i in range(n)]
     raise ValueError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
+
+
+def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[int]]:
+    """The same as token prompts, through the engine's chat template."""
+    return [engine.chat_prompt(m) for m in messages(workload, n, tag)]
