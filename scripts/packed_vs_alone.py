@@ -11,27 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from edgeinfer.bench.workloads import QUESTIONS as PROMPTS
 from edgeinfer.engine import Engine
 from edgeinfer.params import EngineConfig, SamplingParams
-
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about rain.",
-    "Name three primary colours.",
-    "Explain photosynthesis in one sentence.",
-    "What is 12 times 12?",
-    "Give me a tip for sleeping well.",
-    "Who wrote Romeo and Juliet?",
-    "Describe a sunset.",
-    "List four animals that live in the sea.",
-    "How do airplanes fly?",
-    "What is a prime number?",
-    "Suggest a name for a pet goldfish.",
-    "Why do leaves change colour in autumn?",
-    "Explain what a database index is.",
-    "What is the boiling point of water?",
-    "Write one sentence about the moon.",
-]
 
 
 def compare(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[tuple[bool, int, float]]:

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from edgeinfer.bench.workloads import QUESTIONS
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EngineClosedError, RequestError
 from edgeinfer.events import Chunk, Finish
@@ -14,16 +15,7 @@ from edgeinfer.params import EngineConfig, SamplingParams
 
 from .conftest import assert_same_or_near_tie, chat
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about rain.",
-    "Name three primary colours.",
-    "Explain photosynthesis in one sentence.",
-    "What is 12 times 12?",
-    "Give me a tip for sleeping well.",
-    "Who wrote Romeo and Juliet?",
-    "Describe a sunset.",
-]
+PROMPTS = QUESTIONS[:8]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, logprobs=5)
 
 

@@ -23,6 +23,26 @@ CHAT = [
     "Suggest a name for a bakery and explain it.",
 ]
 
+# Short factual questions, for comparisons where the answers matter (packed vs alone).
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about rain.",
+    "Name three primary colours.",
+    "Explain photosynthesis in one sentence.",
+    "What is 12 times 12?",
+    "Give me a tip for sleeping well.",
+    "Who wrote Romeo and Juliet?",
+    "Describe a sunset.",
+    "List four animals that live in the sea.",
+    "How do airplanes fly?",
+    "What is a prime number?",
+    "Suggest a name for a pet goldfish.",
+    "Why do leaves change colour in autumn?",
+    "Explain what a database index is.",
+    "What is the boiling point of water?",
+    "Write one sentence about the moon.",
+]
+
 # Code-edit: the model re-emits a file with one small change, as editing agents do.
 # Most of the answer repeats the prompt, which is what n-gram drafting feeds on.
 _FILES = [

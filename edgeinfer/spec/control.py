@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 _BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
 
 
+def _ema(table: dict[int, float], key: int, x: float, weight: float) -> None:
+    """Move table[key] towards x by weight (the first observation is taken as is)."""
+    old = table.get(key)
+    table[key] = x if old is None else old + weight * (x - old)
+
+
 def _bucket(n: int) -> int:
     i = bisect.bisect_left(_BUCKETS, n)
     return _BUCKETS[min(i, len(_BUCKETS) - 1)]
@@ -32,9 +38,7 @@ class StepCosts:
     table: dict[int, float] = field(default_factory=dict)
 
     def observe(self, n: int, seconds: float) -> None:
-        b = _bucket(n)
-        old = self.table.get(b)
-        self.table[b] = seconds if old is None else old + self.weight * (seconds - old)
+        _ema(self.table, _bucket(n), seconds, self.weight)
 
     def estimate(self, n: int) -> float | None:
         """Seconds for a batch of n: linear between the nearest measured buckets; None if none."""
@@ -189,7 +193,5 @@ class Gate:
             return
         b = _bucket(n_decoding)
         rates, counts = (self.on, self.n_on) if drafted else (self.off, self.n_off)
-        rate = tokens / seconds
-        old = rates.get(b)
-        rates[b] = rate if old is None else old + self.weight * (rate - old)
+        _ema(rates, b, tokens / seconds, self.weight)
         counts[b] = counts.get(b, 0) + 1
