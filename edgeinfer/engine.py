@@ -83,6 +83,12 @@ class StreamHandle:
         assert self.finish is not None
         return self.finish
 
+    def collect(self) -> list[Chunk | Finish]:
+        """Wait for the end of the stream (sync handles); every event in order, without a wake-up per token."""
+        events = self._q.all()
+        self.finish = events[-1]
+        return events
+
     async def aresult(self) -> Finish:
         async for _ in self:
             pass
@@ -118,15 +124,19 @@ class _SyncQueue:
 
     def last(self) -> Any:
         """Wait for the final item and return it, dropping the ones before it."""
+        return self.all()[-1]
+
+    def all(self) -> list[Any]:
+        """Wait for the final item and return every item not yet read."""
         with self._cv:
             self._want_last = True
             while not self._closed:
                 self._waiting = True
                 self._cv.wait()
                 self._waiting = False
-            item = self._items.pop()
+            items = list(self._items)
             self._items.clear()
-            return item
+            return items
 
 
 @dataclass(slots=True)
@@ -550,6 +560,8 @@ class Engine:
             ttft_s=(live.t_first - live.t_submit) if live.t_first else None,
             decode_tps=(n_gen - 1) / decode_s if n_gen > 1 and decode_s > 0 else None,
             total_s=now - live.t_submit,
+            draft_tokens=live.spec.drafted if live.spec else 0,
+            draft_accepted=live.spec.accepted if live.spec else 0,
         )
         self.metrics.prompt_tokens += s.n_prompt
         live.sampler.close()

@@ -37,6 +37,8 @@ class StreamStats:
     ttft_s: float | None  # submit to first sampled token
     decode_tps: float | None  # tokens/s after the first token
     total_s: float
+    draft_tokens: int = 0  # tokens drafted for this stream by speculation
+    draft_accepted: int = 0  # of those, the ones the model confirmed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

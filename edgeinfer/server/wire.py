@@ -24,11 +24,13 @@ def usage(finishes: list[Finish]) -> dict[str, Any]:
 
 
 def timings(stats: list[StreamStats]) -> dict[str, Any]:
-    """edgeinfer's extra figures: TTFT and decode speed per choice."""
+    """edgeinfer's extra figures: TTFT and decode speed per choice; draft counts named as llama-server names them."""
     return {
         "ttft_s": [s.ttft_s for s in stats],
         "decode_tps": [s.decode_tps for s in stats],
         "cached_tokens": stats[0].cached_tokens,
+        "draft_n": sum(s.draft_tokens for s in stats),
+        "draft_n_accepted": sum(s.draft_accepted for s in stats),
     }
 
 
