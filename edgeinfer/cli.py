@@ -95,8 +95,36 @@ def make_engine(config: EngineConfig) -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgeinfer")
-def main() -> None:
-    """edgeinfer: run local LLMs fast, many streams at once, on llama.cpp."""
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """edgeinfer: run local LLMs fast, many streams at once, on llama.cpp.
+
+    `serve` and `chat` start from the settings file that `bench --tune` writes
+    (~/.config/edgeinfer/config.toml, or $EDGEINFER_CONFIG); flags override it.
+    """
+    if ctx.invoked_subcommand in ("serve", "chat"):
+        from edgeinfer.config import load
+
+        try:
+            settings = load()
+        except EdgeInferError as e:
+            raise click.ClickException(str(e)) from None
+        if settings:
+            ctx.default_map = {ctx.invoked_subcommand: settings}
+
+
+def _note_settings_file() -> None:
+    """Say which engine settings came from the settings file, if any did."""
+    ctx = click.get_current_context()
+    from_file = [
+        f"{name}={ctx.params[name]}"
+        for name in ctx.params
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT_MAP
+    ]
+    if from_file:
+        from edgeinfer.config import config_path
+
+        click.echo(click.style(f"settings from {config_path()}: {' '.join(from_file)}", dim=True), err=True)
 
 
 @main.command()
@@ -122,6 +150,7 @@ def chat(
 
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     params.validate()
+    _note_settings_file()
     if socket_path:
         run_chat(SocketBackend(socket_path, api_key), system, params)
         return
@@ -164,6 +193,7 @@ def serve(
     from edgeinfer.server.run import default_socket_path
     from edgeinfer.server.run import serve as run_server
 
+    _note_settings_file()
     config = config_from(kw)
     config.max_queue = max_queue
     config.validate()
@@ -260,9 +290,6 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
 
 @main.command()
 @engine_options
-@click.option("--concurrency", default="1,4,16", show_default=True, help="Comma-separated stream counts.")
-@click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens generated per stream.")
-@click.option("--repeats", type=int, default=2, show_default=True, help="Runs per level; the best is kept.")
 @click.option(
     "--workload",
     type=click.Choice(["chat", "code-edit", "agent", "long-prefill"]),
@@ -270,104 +297,67 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, stop: tuple[str, ...
     show_default=True,
     help="Fixed prompt set (edgeinfer/bench/workloads.py).",
 )
-@click.option("--socket", "socket_path", default=None, help="Measure the server on this socket beside the engine.")
-@click.option("--url", default=None, help="Measure any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1.")
-@click.option("--remote-model", default=None, help="With --url: the model name to send (default: its first).")
+@click.option("--concurrency", default="1,2,4,8,16,32", show_default=True, help="Comma-separated stream counts.")
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=None,
+    help="Tokens per stream [default: chat 128, code-edit 256, agent 64, long-prefill 32].",
+)
+@click.option(
+    "--repeats", type=int, default=2, show_default=True, help="Cold+warm run pairs per level; the best is kept."
+)
+@click.option(
+    "--socket",
+    "sockets",
+    multiple=True,
+    help="An OpenAI server on this Unix socket (edgeinfer, llama-server); repeatable.",
+)
+@click.option(
+    "--url", "urls", multiple=True, help="Any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1; repeatable."
+)
+@click.option("--remote-model", default=None, help="With --socket/--url: the model name to send (default: its first).")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket/--url: the API key.")
-@click.option("--json", "json_out", default=None, help="Write figures as JSON to FILE, or - for stdout.")
+@click.option("--in-process", is_flag=True, help="With --socket/--url: measure an in-process engine beside them.")
+@click.option("--raw", is_flag=True, help="Also measure a bare llama_decode loop on the engine's context.")
+@click.option("--quality", is_flag=True, help="Greedy agreement of these settings with --ref-model/--ref-kv-type.")
+@click.option("--ref-model", default=None, help="With --quality: the reference model [default: --model].")
+@click.option(
+    "--ref-kv-type",
+    type=click.Choice(["f16", "q8_0", "q4_0"]),
+    default="f16",
+    show_default=True,
+    help="With --quality.",
+)
+@click.option("--tune", is_flag=True, help="Find the best settings and save them for serve and chat.")
+@click.option("--json", "json_out", default=None, help="Write the report as JSON to FILE, or - for stdout.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot to FILE.")
 @click.option("--dashboard", is_flag=True, help="Show the live dashboard of the engine while it runs.")
 @click.pass_context
 @_errors_as_messages
-def bench(
-    ctx: click.Context,
-    workload: str,
-    concurrency: str,
-    max_tokens: int,
-    repeats: int,
-    socket_path: str | None,
-    url: str | None,
-    remote_model: str | None,
-    api_key: str | None,
-    json_out: str | None,
-    dashboard: bool,
-    **kw: Any,
-) -> None:
-    """Measure decode throughput and TTFT: the engine beside a raw llama_decode loop.
+def bench(ctx: click.Context, **kw: Any) -> None:
+    """Measure throughput, TTFT and inter-token latency at each concurrency; find the knee.
 
-    With --url, any OpenAI-compatible endpoint (llama-server, Ollama, vLLM) runs the same
-    workload over HTTP, alone.
+    \b
+    Targets (the same workload drives each, side by side):
+      (default)        an in-process engine with the engine options
+      --socket PATH    an OpenAI server on a Unix socket: edgeinfer serve, llama-server...
+      --url URL        any OpenAI-compatible endpoint (llama-server, Ollama, vLLM)
+      --raw            beside the engine, a bare llama_decode loop (the engine's overhead)
+      --spec MODE      the engine with speculation MODE beside it with speculation off
 
-    With --spec ngram|draft|auto, the engine is measured with speculation on and off,
-    alternating, on the same engine. With --socket, a running `edgeinfer serve` is
-    measured beside an in-process engine built with the server's own settings.
+    \b
+    Other jobs:
+      --quality        greedy agreement of these settings with a reference (quantization, KV type)
+      --tune           sweep parallel, threads, batch size, KV type and speculation; save the
+                       best to the settings file that serve and chat read
     """
-    from edgeinfer.bench.report import print_socket_table, print_spec_table, print_table, write_json
-    from edgeinfer.bench.runner import run_levels, run_socket_levels, run_spec_levels
+    from edgeinfer.bench.run import BenchRequest, run_bench
 
-    if ctx.get_parameter_source("spec") == click.core.ParameterSource.DEFAULT:
-        kw["spec"] = "off"  # the benchmark measures speculation only when asked
-    try:
-        levels = [int(x) for x in concurrency.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{concurrency!r}: use comma-separated integers, e.g. 1,4,16") from None
-    if not levels or min(levels) < 1:
-        raise click.BadParameter("concurrency levels must be positive integers", param_hint="--concurrency")
-    if max_tokens < 2 or repeats < 1:
-        raise click.BadParameter("--max-tokens must be at least 2 and --repeats at least 1")
+    user_set = {name for name in kw if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}
+    options = {k: kw.pop(k) for k in list(kw) if k in BenchRequest.__dataclass_fields__}
     config = config_from(kw)
-    progress = lambda m: click.echo(click.style(m, dim=True), err=True)  # noqa: E731
-    if url:
-        from edgeinfer.bench.report import print_url_table, write_url_json
-        from edgeinfer.bench.runner import run_url_levels
-
-        url_results = run_url_levels(url, remote_model, workload, levels, max_tokens, repeats, api_key, progress)
-        print_url_table(url_results, max_tokens, url, err=json_out == "-")
-        if json_out:
-            write_url_json(url_results, json_out, url, max_tokens)
-        return
-    if socket_path and dashboard:
-        raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
-    if socket_path:
-        from edgeinfer.bench.remote import server_info
-
-        path = Path(socket_path).expanduser()
-        info = server_info(path, api_key)["model"]
-        config.model = Path(info["path"])
-        config.ctx_size, config.parallel = info["ctx_size"], info["parallel"]
-        config.kv_type, config.gpu_layers = info["kv_type"], info["gpu_layers"]
-        engine = make_engine(config)
-        try:
-            socket_results = run_socket_levels(engine, path, levels, max_tokens, repeats, api_key, progress, workload)
-        finally:
-            engine.close()
-        print_socket_table(socket_results, max_tokens, str(path), err=json_out == "-")
-        if json_out:
-            write_json(socket_results, json_out, engine, max_tokens)
-        return
-    config.parallel = max(levels)
-    config.batch_size = max(config.batch_size, config.parallel)
-    engine = make_engine(config)
-
-    def job(say: Callable[[str], None]) -> list[Any]:
-        if config.spec != "off":
-            return run_spec_levels(engine, workload, levels, max_tokens, repeats, say)
-        return run_levels(engine, levels, max_tokens, repeats, progress=say, workload=workload)
-
-    try:
-        if dashboard:
-            from edgeinfer.tui.run import bench_with_dashboard
-
-            results = bench_with_dashboard(engine, job)
-        else:
-            results = job(progress)
-    finally:
-        engine.close()
-    if config.spec != "off":
-        print_spec_table(results, max_tokens, workload, config.spec, engine.model_path.name, err=json_out == "-")
-    else:
-        print_table(results, max_tokens, err=json_out == "-")
-    if json_out:
-        write_json(results, json_out, engine, max_tokens)
+    run_bench(BenchRequest(**options), config, user_set, make_engine)
 
 
 @main.command()

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.bench.runner import run_levels
+from edgeinfer.bench.sweep import SayProgress, run_sweep
+from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.cli import make_engine
 from edgeinfer.models import default_model_path
 from edgeinfer.params import EngineConfig
@@ -27,7 +28,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("docs/dashboard.svg"))
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--after", type=float, default=6.0, help="Seconds into the last level's engine run.")
+    ap.add_argument("--after", type=float, default=6.0, help="Seconds into the last level's warm run.")
     ap.add_argument("--size", default="120x36", help="Terminal columns x rows.")
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -35,7 +36,7 @@ def main() -> int:
     engine = make_engine(EngineConfig(model=default_model_path(), parallel=max(levels), ctx_size=8192))
 
     async def script(app: Dashboard, pilot: Any) -> None:
-        cue = f"concurrency {levels[-1]}: engine run"
+        cue = f"{levels[-1]} streams, edgeinfer: warm run"
         while cue not in app.job_line:
             await pilot.pause(0.1)
         end = time.monotonic() + args.after
@@ -49,7 +50,8 @@ def main() -> int:
         await pilot.press("q")
 
     try:
-        job = lambda say: run_levels(engine, levels, args.max_tokens, 1, progress=say)  # noqa: E731
+        target = EngineTarget(engine)
+        job = lambda say: run_sweep([target], "chat", levels, args.max_tokens, 1, SayProgress(say))  # noqa: E731
         bench_with_dashboard(engine, job, interval=0.5, run=run_headless(script, (cols, rows)))
     finally:
         engine.close()

@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from edgeinfer.bench.schema import Report
 from edgeinfer.cli import main
 
 
@@ -91,26 +92,45 @@ def test_chat_repl_streams_and_reuses_history(runner):
     assert "/reset" in result.output and "conversation cleared" in result.output
 
 
-def test_bench_sweep_writes_figures_and_a_knee(runner):
-    result = runner.invoke(
-        main, ["bench", "--concurrency", "1,2", "--max-tokens", "4", "--repeats", "1", "--json", "-"]
-    )
+def test_bench_sweep_in_process_beside_the_raw_loop(runner, tmp_path):
+    args = ["bench", "--concurrency", "1,2", "--max-tokens", "4", "--repeats", "1", "--raw"]
+    result = runner.invoke(main, [*args, "--json", "-", "--plot", str(tmp_path / "p.png")])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["schema"] == 1 and doc["kind"] == "engine" and doc["max_tokens"] == 4
+    Report.model_validate(doc)
+    assert doc["schema"] == 2 and doc["workload"] == "chat" and doc["max_tokens"] == 4
+    assert [t["name"] for t in doc["targets"]] == ["edgeinfer", "raw loop"]
+    assert doc["targets"][0]["config"]["parallel"] == 2
     assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
     for lv in doc["levels"]:
-        assert lv["engine"]["decode_tps"] > 0 and lv["raw"]["decode_tps"] > 0 and lv["engine_over_raw"] > 0
-        assert lv["engine"]["ttft_p50_s"] > 0
-    assert doc["knee"]["parallel"] in (1, 2)
-    assert "recommended --parallel" in result.stderr
+        for side in lv["targets"].values():
+            for run in (side["cold"], side["warm"]):
+                assert run["completion_tokens"] == 4 * lv["concurrency"]
+                assert run["aggregate_tps"] > 0 and run["decode_tps"] > 0 and run["requests_per_s"] > 0
+                assert 0 < run["ttft_p50_s"] <= run["ttft_p95_s"] <= run["ttft_p99_s"]
+                assert 0 < run["itl_p50_s"] <= run["itl_p99_s"]
+                assert run["acceptance"] is None
+    assert doc["knees"]["edgeinfer"]["parallel"] in (1, 2)
+    assert "recommended --parallel" in result.stderr and "side by side" in result.stderr
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_agent_warm_prefix_beats_cold(runner):
+    """The agent's system prompt: computed in the cold run, reused by the warm run after it."""
+    args = ["bench", "--workload", "agent", "--concurrency", "2", "--max-tokens", "2", "--repeats", "1"]
+    result = runner.invoke(main, [*args, "--json", "-"])
+    assert result.exit_code == 0, result.output
+    side = json.loads(result.stdout)["levels"][0]["targets"]["edgeinfer"]
+    assert side["warm"]["ttft_p50_s"] < side["cold"]["ttft_p50_s"] / 2
 
 
 def test_bench_with_speculation_compares_on_and_off(runner):
     args = ["bench", "--spec", "ngram", "--workload", "code-edit", "--concurrency", "1"]
-    result = runner.invoke(main, [*args, "--max-tokens", "8", "--repeats", "1", "--json", "-"])
+    result = runner.invoke(main, [*args, "--max-tokens", "16", "--repeats", "1", "--json", "-"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["kind"] == "spec"
-    level = doc["levels"][0]
-    assert level["spec_on"]["decode_tps"] > 0 and level["spec_off"]["decode_tps"] > 0
+    assert [t["name"] for t in doc["targets"]] == ["spec ngram", "spec off"]
+    level = doc["levels"][0]["targets"]
+    assert level["spec ngram"]["warm"]["decode_tps"] > 0 and level["spec off"]["warm"]["decode_tps"] > 0
+    assert level["spec off"]["warm"]["acceptance"] is None  # nothing drafted
+    assert level["spec ngram"]["warm"]["acceptance"] is not None  # code-edit repeats its prompt: drafts happen

@@ -366,18 +366,25 @@ def test_api_key_and_queue_bound(tmp_path):
         stop_process(proc)
 
 
-def test_bench_sweep_over_the_socket(server):
+def test_bench_sweep_over_the_socket_beside_in_process(server):
     from click.testing import CliRunner
 
+    from edgeinfer.bench.schema import Report
     from edgeinfer.cli import main
 
-    args = ["bench", "--socket", str(server), "--concurrency", "1,2", "--max-tokens", "4", "--repeats", "1"]
-    result = CliRunner().invoke(main, [*args, "--json", "-"])
+    args = ["bench", "--socket", str(server), "--in-process", "--concurrency", "1,2", "--max-tokens", "4"]
+    result = CliRunner().invoke(main, [*args, "--repeats", "1", "--json", "-"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["kind"] == "socket"
+    Report.model_validate(doc)
+    socket_target, engine_target = doc["targets"]
+    assert socket_target["kind"] == "socket" and engine_target["kind"] == "engine"
+    assert engine_target["config"]["parallel"] == 8  # the server's own settings, read from its stats
     for lv in doc["levels"]:
-        assert lv["socket"]["total_tps"] > 0 and lv["engine"]["total_tps"] > 0 and lv["socket_over_engine"] > 0
+        for side in lv["targets"].values():
+            assert side["warm"]["aggregate_tps"] > 0 and side["warm"]["itl_p50_s"] > 0
+            assert side["warm"]["completion_tokens"] == 4 * lv["concurrency"]
+    assert "side by side" in result.stderr
 
 
 def test_bench_any_openai_endpoint_by_url(tmp_path):
@@ -397,9 +404,14 @@ def test_bench_any_openai_endpoint_by_url(tmp_path):
         result = CliRunner().invoke(main, [*args, "--repeats", "1", "--json", "-"])
         assert result.exit_code == 0, result.output
         doc = json.loads(result.stdout)
-        assert doc["kind"] == "remote" and doc["url"] == url
+        assert doc["targets"] == [
+            {"name": url, "kind": "url", "model": doc["targets"][0]["model"], "where": url, "config": None}
+        ]
         assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
-        assert all(lv["remote"]["total_tps"] > 0 and lv["remote"]["ttft_p50_s"] > 0 for lv in doc["levels"])
+        for lv in doc["levels"]:
+            side = lv["targets"][url]
+            assert side["warm"]["aggregate_tps"] > 0 and side["warm"]["ttft_p50_s"] > 0
+            assert side["warm"]["ttft_p50_s"] < side["cold"]["ttft_p50_s"]  # the agent's system prompt is reused
     finally:
         stop_process(proc)
     gone = CliRunner().invoke(main, ["bench", "--url", url, "--concurrency", "1", "--max-tokens", "4"])

@@ -16,7 +16,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from edgeinfer.bench.runner import chat_prompts, run_engine
+from edgeinfer.bench.targets import EngineTarget
+from edgeinfer.bench.workloads import messages
 from edgeinfer.cli import main, make_server
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EngineClosedError
@@ -401,7 +402,7 @@ def test_bench_with_dashboard_shares_the_engine(model_path):
 
         def job(progress: Any) -> Any:
             progress("4 streams")
-            return run_engine(engine, chat_prompts(engine, 4), 16)
+            return EngineTarget(engine).run(messages("chat", 4), 16, lambda: None)
 
         async def script(dash: Dashboard, pilot: Any) -> None:
             await until(pilot, lambda: "finished" in dash.job_line, "the benchmark", timeout=120)

@@ -49,6 +49,7 @@ def run_raw(ctx: Context, prompts: list[list[int]], max_tokens: int) -> RunResul
         pending = nxt
     # Decode: one token per stream per step.
     pos = [len(p) for p in prompts]
+    steps: list[float] = []
     for _ in range(max_tokens - 1):
         batch.clear()
         for seq in range(n):
@@ -57,6 +58,7 @@ def run_raw(ctx: Context, prompts: list[list[int]], max_tokens: int) -> RunResul
         ctx.decode(batch)
         for seq in range(n):
             last[seq] = samplers[seq].sample(ctx, seq)
+        steps.append(time.perf_counter())
     t_end = time.perf_counter()
     for s in samplers:
         s.close()
@@ -68,7 +70,7 @@ def run_raw(ctx: Context, prompts: list[list[int]], max_tokens: int) -> RunResul
             prompt_tokens=len(prompts[i]),
             completion_tokens=max_tokens,
             ttft_s=first_t[i] - t_start,
-            decode_tps=(max_tokens - 1) / (t_end - first_t[i]) if max_tokens > 1 else None,
+            arrivals=[t - t_start for t in (first_t[i], *steps)],
         )
         for i in range(n)
     ]

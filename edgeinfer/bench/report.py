@@ -1,149 +1,142 @@
-"""Bench output: the terminal table and the JSON file."""
+"""Bench output: the terminal tables and the JSON report (edgeinfer/bench/schema.py)."""
 
 from __future__ import annotations
 
-import functools
-import json
+import os
 import platform
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
 
 import click
 
-from edgeinfer.bench.knee import Knee, find_knee
-from edgeinfer.bench.runner import LevelResult, SocketLevel, SpecLevel
+from edgeinfer.bench import schema
 from edgeinfer.bench.stats import RunResult
+from edgeinfer.bench.sweep import Sweep
 
-SCHEMA_VERSION = 1
+Echo = Callable[[str], None]
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
 
-def print_table(results: list[LevelResult], max_tokens: int, err: bool = False) -> None:
-    echo = functools.partial(click.echo, err=err)
-    head = (
-        f"{'streams':>7} {'engine tok/s':>12} {'raw tok/s':>10} {'ratio':>6} {'per-stream':>10} "
-        f"{'prefill tok/s':>13} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11}"
-    )
-    echo(f"\ndecode throughput, {max_tokens} tokens per stream (greedy)")
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _table(echo: Echo, title: str, columns: list[tuple[str, int]], rows: list[list[str]]) -> None:
+    """A right-aligned table under a title."""
+    head = " ".join(f"{name:>{width}}" for name, width in columns)
+    echo(f"\n{title}")
     echo(head)
     echo("-" * len(head))
-    for r in results:
-        e, w = r.engine, r.raw
-        ratio = e.decode_tps / w.decode_tps if w.decode_tps else 0.0
-        echo(
-            f"{r.concurrency:>7} {e.decode_tps:>12.1f} {w.decode_tps:>10.1f} {ratio:>6.2f} {e.per_stream_tps:>10.1f} "
-            f"{e.prefill_tps:>13.1f} {_ms(e.ttft(50)):>11} {_ms(e.ttft(95)):>11}"
+    for row in rows:
+        echo(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(row, columns, strict=True)))
+
+
+_COLUMNS = [
+    ("streams", 7),
+    ("agg tok/s", 9),
+    ("decode", 7),
+    ("per-stream", 10),
+    ("req/s", 6),
+    ("prefill", 8),
+    ("TTFT ms p50/p95/p99", 19),
+    ("ITL ms p50/p99", 14),
+    ("cold TTFT p50", 13),
+    ("accept", 6),
+]
+
+
+def _row(c: int, warm: RunResult, cold: RunResult) -> list[str]:
+    return [
+        str(c),
+        f"{warm.total_tps:.1f}",
+        f"{warm.decode_tps:.1f}",
+        f"{warm.per_stream_tps:.1f}",
+        f"{warm.requests_per_s:.2f}",
+        f"{warm.prefill_tps:.0f}",
+        "/".join(_ms(warm.ttft(q)) for q in (50, 95, 99)),
+        "/".join(_ms(warm.itl(q)) for q in (50, 99)),
+        _ms(cold.ttft(50)),
+        _pct(warm.acceptance),
+    ]
+
+
+def print_sweep(sweep: Sweep, echo: Echo) -> None:
+    """One table per target, a side-by-side table when there are several, and each target's knee."""
+    for t in sweep.targets:
+        rows = [_row(lv.concurrency, lv.sides[t.name].warm, lv.sides[t.name].cold) for lv in sweep.levels]
+        title = (
+            f"{t.name} ({t.kind}): {sweep.workload}, {sweep.max_tokens} tokens per stream, "
+            f"best of {sweep.repeats} (warm runs; cold TTFT from cold runs)"
         )
-    if len(results) > 1 and results[0].engine.decode_tps:
-        top = results[-1]
-        echo(
-            f"\n{top.concurrency} streams: {top.engine.decode_tps / results[0].engine.decode_tps:.2f}x "
-            f"the aggregate decode rate of {results[0].concurrency}"
+        _table(echo, title, _COLUMNS, rows)
+    if len(sweep.targets) > 1:
+        print_side_by_side(sweep, echo)
+    for t in sweep.targets:
+        knee = sweep.knee(t.name)
+        if knee is not None:
+            echo(f"{t.name}: knee: {knee.reason}; recommended --parallel {knee.parallel}")
+
+
+def print_side_by_side(sweep: Sweep, echo: Echo) -> None:
+    """Aggregate tok/s and TTFT p50 of every target; each other target's aggregate and decode rates over the first's."""
+    base, others = sweep.targets[0], sweep.targets[1:]
+    columns = [("streams", 7)] + [(f"{k + 1}: tok/s", 9) for k in range(len(sweep.targets))]
+    columns += [(f"{k + 2}/1 agg", 7) for k in range(len(others))]
+    columns += [(f"{k + 2}/1 decode", 10) for k in range(len(others))]
+    columns += [("TTFT p50 ms " + "/".join(str(k + 1) for k in range(len(sweep.targets))), 18)]
+    rows = []
+    for lv in sweep.levels:
+        b = lv.sides[base.name].warm
+        runs = [lv.sides[t.name].warm for t in sweep.targets]
+        agg = [f"{r.total_tps / b.total_tps:.2f}" if b.total_tps else "-" for r in runs[1:]]
+        dec = [f"{r.decode_tps / b.decode_tps:.2f}" if b.decode_tps else "-" for r in runs[1:]]
+        ttft = "/".join(_ms(r.ttft(50)) for r in runs)
+        rows.append([str(lv.concurrency), *(f"{r.total_tps:.1f}" for r in runs), *agg, *dec, ttft])
+    names = ", ".join(f"{k + 1}: {t.name}" for k, t in enumerate(sweep.targets))
+    _table(echo, f"side by side, warm runs ({names})", columns, rows)
+
+
+def build_report(sweep: Sweep) -> schema.Report:
+    levels = [
+        schema.Level(
+            concurrency=lv.concurrency,
+            targets={
+                name: schema.Side(
+                    cold=schema.Figures.model_validate(side.cold.figures()),
+                    warm=schema.Figures.model_validate(side.warm.figures()),
+                )
+                for name, side in lv.sides.items()
+            },
         )
-        knee = knee_of(results)
-        echo(f"knee: {knee.reason}; recommended --parallel {knee.parallel}")
-
-
-def knee_of(results: list[LevelResult]) -> Knee:
-    """The knee of the engine's decode throughput, with TTFT p95 as the latency that rises."""
-    return find_knee(
-        [r.concurrency for r in results],
-        [r.engine.decode_tps for r in results],
-        [r.engine.ttft(95) for r in results],
+        for lv in sweep.levels
+    ]
+    knees = {}
+    for t in sweep.targets:
+        k = sweep.knee(t.name)
+        if k is not None:
+            gain = None if k.gain_after is None else round(k.gain_after, 4)
+            knees[t.name] = schema.Knee(parallel=k.parallel, found=k.found, gain_after=gain, reason=k.reason)
+    return schema.Report(
+        time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        machine=schema.Machine(platform=platform.platform(), python=sys.version.split()[0], cpus=os.cpu_count() or 1),
+        workload=sweep.workload,  # type: ignore[arg-type]
+        max_tokens=sweep.max_tokens,
+        repeats=sweep.repeats,
+        targets=[schema.Target(name=t.name, kind=t.kind, **t.describe()) for t in sweep.targets],  # type: ignore[arg-type]
+        levels=levels,
+        knees=knees,
     )
 
 
-def print_socket_table(results: list[SocketLevel], max_tokens: int, socket_path: str, err: bool = False) -> None:
-    echo = functools.partial(click.echo, err=err)
-    head = (
-        f"{'streams':>7} {'in-process tok/s':>16} {'socket tok/s':>12} {'ratio':>6} "
-        f"{'TTFT p50 ms (in-proc / socket)':>31}"
-    )
-    echo(f"\naggregate throughput (prefill included), {max_tokens} tokens per stream, socket {socket_path}")
-    echo(head)
-    echo("-" * len(head))
-    for r in results:
-        e, s = r.engine, r.socket
-        ratio = s.total_tps / e.total_tps if e.total_tps else 0.0
-        ttft = f"{_ms(e.ttft(50))} / {_ms(s.ttft(50))}"
-        echo(f"{r.concurrency:>7} {e.total_tps:>16.1f} {s.total_tps:>12.1f} {ratio:>6.2f} {ttft:>31}")
-
-
-def print_spec_table(
-    results: list[SpecLevel], max_tokens: int, workload: str, mode: str, model: str, err: bool = False
-) -> None:
-    echo = functools.partial(click.echo, err=err)
-    head = f"{'streams':>7} {'spec ' + mode + ' tok/s':>16} {'spec off tok/s':>14} {'ratio':>6} {'acceptance':>10}"
-    echo(f"\n{model}, workload {workload}, {max_tokens} tokens per stream (greedy), decode tok/s")
-    echo(head)
-    echo("-" * len(head))
-    for r in results:
-        ratio = r.on.decode_tps / r.off.decode_tps if r.off.decode_tps else 0.0
-        acc = "-" if r.acceptance is None else f"{r.acceptance:.0%}"
-        echo(f"{r.concurrency:>7} {r.on.decode_tps:>16.1f} {r.off.decode_tps:>14.1f} {ratio:>6.2f} {acc:>10}")
-
-
-def print_url_table(results: list[tuple[int, RunResult]], max_tokens: int, url: str, err: bool = False) -> None:
-    echo = functools.partial(click.echo, err=err)
-    head = (
-        f"{'streams':>7} {'total tok/s':>11} {'decode tok/s':>12} {'per-stream':>10} "
-        f"{'TTFT p50 ms':>11} {'TTFT p95 ms':>11}"
-    )
-    echo(f"\n{url}, {max_tokens} tokens per stream (greedy, streaming)")
-    echo(head)
-    echo("-" * len(head))
-    for c, r in results:
-        echo(
-            f"{c:>7} {r.total_tps:>11.1f} {r.decode_tps:>12.1f} {r.per_stream_tps:>10.1f} "
-            f"{_ms(r.ttft(50)):>11} {_ms(r.ttft(95)):>11}"
-        )
-
-
-def write_url_json(results: list[tuple[int, RunResult]], dest: str, url: str, max_tokens: int) -> None:
-    doc = {
-        "schema": SCHEMA_VERSION,
-        "kind": "remote",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "url": url,
-        "max_tokens": max_tokens,
-        "levels": [{"concurrency": c, "remote": r.figures()} for c, r in results],
-    }
-    _dump(doc, dest)
-
-
-def write_json(results: list[Any], dest: str, engine: Any, max_tokens: int) -> None:
-    kinds = {LevelResult: "engine", SocketLevel: "socket", SpecLevel: "spec"}
-    doc = {
-        "schema": SCHEMA_VERSION,
-        "kind": kinds[type(results[0])] if results else "engine",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
-        "model": str(engine.model_path),
-        "config": {
-            "ctx_size": engine.n_ctx,
-            "batch_size": engine.config.batch_size,
-            "threads": engine.ctx.threads,
-            "gpu_layers": engine.config.gpu_layers,
-            "kv_type": engine.config.kv_type,
-        },
-        "max_tokens": max_tokens,
-        "levels": [r.as_dict() for r in results],
-    }
-    if results and isinstance(results[0], LevelResult) and len(results) > 1:
-        knee = knee_of(results)
-        doc["knee"] = {"parallel": knee.parallel, "found": knee.found, "gain_after": knee.gain_after}
-    _dump(doc, dest)
-
-
-def _dump(doc: dict[str, Any], dest: str) -> None:
-    text = json.dumps(doc, indent=2)
+def write_json(sweep: Sweep, dest: str) -> None:
+    text = build_report(sweep).model_dump_json(by_alias=True, indent=2)
     if dest == "-":
         click.echo(text)
-    else:
-        with open(dest, "w") as f:
-            f.write(text + "\n")
-        click.echo(f"wrote {dest}", err=True)
+        return
+    with open(dest, "w") as f:
+        f.write(text + "\n")
+    click.echo(f"wrote {dest}", err=True)

@@ -1,25 +1,37 @@
-"""Benchmark figures: percentiles and per-run aggregates."""
+"""Benchmark figures: one stream's timeline, and a run's percentiles and rates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgeinfer.metrics import percentile
 
 
 @dataclass(slots=True)
 class StreamResult:
-    """One stream's figures in a run."""
+    """One stream of a run, as its client saw it."""
 
     prompt_tokens: int
     completion_tokens: int
-    ttft_s: float | None
-    decode_tps: float | None
+    ttft_s: float | None  # request sent to first token received
+    arrivals: list[float] = field(default_factory=list)  # seconds since sent, of each chunk that carried tokens
+    drafted: int = 0  # draft tokens proposed for this stream, where the target reports it
+    accepted: int = 0
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Tokens after the first over the time from the first token to the last."""
+        span = self.arrivals[-1] - self.arrivals[0] if len(self.arrivals) > 1 else 0.0
+        return (self.completion_tokens - 1) / span if self.completion_tokens > 1 and span > 0 else None
+
+    def gaps(self) -> list[float]:
+        """Inter-token latencies: the gaps between successive arrivals."""
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
 
 
 @dataclass(slots=True)
 class RunResult:
-    """All streams of one run at one concurrency."""
+    """All streams of one run at one concurrency, sent together."""
 
     streams: list[StreamResult]
     t_start: float
@@ -27,40 +39,63 @@ class RunResult:
     t_end: float
 
     @property
+    def total_tps(self) -> float:
+        """Aggregate tok/s: generated tokens over the whole run, prefill included."""
+        span = self.t_end - self.t_start
+        return sum(s.completion_tokens for s in self.streams) / span if span > 0 else 0.0
+
+    @property
     def decode_tps(self) -> float:
-        """Aggregate decode tokens/s: tokens after each stream's first, over the all-decoding window."""
+        """Aggregate decode tok/s: tokens after each stream's first, over the all-decoding window."""
         tokens = sum(max(0, s.completion_tokens - 1) for s in self.streams)
         span = self.t_end - self.t_all_first
         return tokens / span if span > 0 else 0.0
 
     @property
-    def total_tps(self) -> float:
-        """Generated tokens over the whole run, prefill included."""
-        span = self.t_end - self.t_start
-        return sum(s.completion_tokens for s in self.streams) / span if span > 0 else 0.0
-
-    @property
     def prefill_tps(self) -> float:
+        """Prompt tokens (reused ones included) over the time until every stream had its first token."""
         span = self.t_all_first - self.t_start
         return sum(s.prompt_tokens for s in self.streams) / span if span > 0 else 0.0
 
     @property
     def per_stream_tps(self) -> float:
-        xs = [s.decode_tps for s in self.streams if s.decode_tps]
+        """The mean of each stream's own decode rate: the speed one user sees."""
+        xs = [x for s in self.streams if (x := s.decode_tps)]
         return sum(xs) / len(xs) if xs else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        span = self.t_end - self.t_start
+        return len(self.streams) / span if span > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted over drafted tokens; None when the target drafted nothing or does not say."""
+        drafted = sum(s.drafted for s in self.streams)
+        return sum(s.accepted for s in self.streams) / drafted if drafted else None
 
     def ttft(self, q: float) -> float | None:
         return percentile([s.ttft_s for s in self.streams if s.ttft_s is not None], q)
 
-    def figures(self) -> dict[str, float | None]:
-        """The run's figures for the JSON report."""
+    def itl(self, q: float) -> float | None:
+        return percentile([g for s in self.streams for g in s.gaps()], q)
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The run's figures for the JSON report (seconds and tokens/s)."""
         return {
+            "streams": len(self.streams),
+            "completion_tokens": sum(s.completion_tokens for s in self.streams),
+            "aggregate_tps": round(self.total_tps, 2),
             "decode_tps": round(self.decode_tps, 2),
-            "total_tps": round(self.total_tps, 2),
             "per_stream_tps": round(self.per_stream_tps, 2),
             "prefill_tps": round(self.prefill_tps, 2),
+            "requests_per_s": round(self.requests_per_s, 3),
             "ttft_p50_s": _round(self.ttft(50)),
             "ttft_p95_s": _round(self.ttft(95)),
+            "ttft_p99_s": _round(self.ttft(99)),
+            "itl_p50_s": _round(self.itl(50)),
+            "itl_p99_s": _round(self.itl(99)),
+            "acceptance": _round(self.acceptance),
         }
 
 
@@ -68,6 +103,6 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def best(current: RunResult | None, new: RunResult, key: str = "decode_tps") -> RunResult:
+def best(current: RunResult | None, new: RunResult, key: str = "total_tps") -> RunResult:
     """The better of two runs by a figure (best of the repeats)."""
     return new if current is None or getattr(new, key) > getattr(current, key) else current

@@ -145,21 +145,33 @@ _DOC = " ".join(
 WORKLOADS = ("chat", "code-edit", "agent", "long-prefill")
 
 
-def messages(workload: str, n: int, tag: str = "") -> list[list[dict[str, str]]]:
-    """Chat messages for n streams of a workload; a tag makes them new (no reuse across runs)."""
+def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[dict[str, str]]]:
+    """Chat messages for n streams of a workload.
+
+    `head` opens the first message, so nothing cached before matches (a cold prefix);
+    `tag` goes just before the part that differs per stream, so a shared prefix such as
+    the agent's system prompt stays reusable (a warm prefix) while the request is new.
+    """
     if workload == "chat":
-        return [[{"role": "user", "content": f"{tag}{CHAT[i % len(CHAT)]}"}] for i in range(n)]
+        return [[{"role": "user", "content": f"{head}{tag}{CHAT[i % len(CHAT)]}"}] for i in range(n)]
     if workload == "code-edit":
-        return [[{"role": "user", "content": f"{tag}{code_edit_prompt(i)}"}] for i in range(n)]
+        return [[{"role": "user", "content": f"{head}{tag}{code_edit_prompt(i)}"}] for i in range(n)]
     if workload == "agent":
         return [
-            [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": f"{tag}{AGENT_TASKS[i % 6]}"}]
+            [
+                {"role": "system", "content": f"{head}{AGENT_SYSTEM}"},
+                {"role": "user", "content": f"{tag}{AGENT_TASKS[i % len(AGENT_TASKS)]}"},
+            ]
             for i in range(n)
         ]
     if workload == "long-prefill":
         ask = "In one sentence: on which day was item {} agreed?"
-        return [[{"role": "user", "content": f"{_DOC}\n\n{tag}{ask.format(i % 23)}"}] for i in range(n)]
+        return [[{"role": "user", "content": f"{head}{_DOC}\n\n{tag}{ask.format(i % 23)}"}] for i in range(n)]
     raise ValueError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
+
+
+# Tokens generated per stream unless --max-tokens says otherwise: what each workload's answers need.
+MAX_TOKENS = {"chat": 128, "code-edit": 256, "agent": 64, "long-prefill": 32}
 
 
 def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[int]]:

@@ -1,0 +1,238 @@
+"""`edgeinfer bench`: turn the command line into targets, run the job, print and save the results."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgeinfer.bench.targets import EngineTarget, RawTarget, ServerTarget, Target
+from edgeinfer.bench.workloads import MAX_TOKENS, messages
+from edgeinfer.errors import ConfigError
+from edgeinfer.params import EngineConfig
+
+
+@dataclass(slots=True)
+class BenchRequest:
+    """The bench command's own options (the engine options become an EngineConfig)."""
+
+    workload: str
+    concurrency: str
+    max_tokens: int | None
+    repeats: int
+    sockets: tuple[str, ...]
+    urls: tuple[str, ...]
+    remote_model: str | None
+    api_key: str | None
+    in_process: bool
+    raw: bool
+    quality: bool
+    ref_model: str | None
+    ref_kv_type: str
+    tune: bool
+    json_out: str | None
+    plot_out: str | None
+    dashboard: bool
+
+    def levels(self) -> list[int]:
+        if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", self.concurrency):
+            raise click.BadParameter(
+                f"{self.concurrency!r}: use comma-separated integers, e.g. 1,4,16", param_hint="--concurrency"
+            )
+        levels = [int(x) for x in self.concurrency.split(",")]
+        if min(levels) < 1 or levels != sorted(set(levels)):
+            raise click.BadParameter("levels must be positive and increasing, e.g. 1,2,4,8", param_hint="--concurrency")
+        return levels
+
+
+def run_bench(req: BenchRequest, config: EngineConfig, user_set: set[str], make_engine: Callable[..., Any]) -> None:
+    levels = req.levels()
+    max_tokens = req.max_tokens if req.max_tokens is not None else MAX_TOKENS[req.workload]
+    if max_tokens < 2 or req.repeats < 1:
+        raise click.BadParameter("--max-tokens must be at least 2 and --repeats at least 1")
+    remote = bool(req.sockets or req.urls)
+    jobs = [name for name, on in (("--quality", req.quality), ("--tune", req.tune)) if on]
+    if len(jobs) > 1 or (jobs and remote):
+        raise click.UsageError(f"{' and '.join(jobs + (['--socket/--url'] if remote else []))} cannot be combined")
+    if req.dashboard and remote and not req.in_process:
+        raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
+    out_to_stdout = req.json_out == "-"
+    echo = lambda line: click.echo(line, err=out_to_stdout)  # noqa: E731  # tables leave stdout to the JSON
+
+    if req.quality:
+        _quality(req, config, make_engine, max_tokens if req.max_tokens is not None else 64, echo)
+        return
+    if req.tune:
+        _tune(req, config, user_set, make_engine, levels, max_tokens, echo)
+        return
+
+    if "spec" not in user_set:
+        config.spec = "off"  # the benchmark measures speculation only when asked
+    servers = [
+        ServerTarget(socket=Path(p).expanduser(), model=req.remote_model, api_key=req.api_key) for p in req.sockets
+    ]
+    servers += [ServerTarget(url=u, model=req.remote_model, api_key=req.api_key) for u in req.urls]
+    engine = None
+    targets: list[Target] = list(servers)
+    if not remote or req.in_process or req.raw:
+        config = _engine_config(config, user_set, servers, req.workload, levels, max_tokens)
+        engine = make_engine(config)
+        if config.spec != "off":
+            targets += [
+                EngineTarget(engine, f"spec {config.spec}", spec=True),
+                EngineTarget(engine, "spec off", spec=False),
+            ]
+        else:
+            targets.append(EngineTarget(engine))
+        if req.raw:
+            targets.append(RawTarget(engine))
+    try:
+        sweep = _sweep(req, engine, targets, levels, max_tokens)
+    finally:
+        if engine is not None:
+            engine.close()
+
+    from edgeinfer.bench.report import print_sweep, write_json
+
+    print_sweep(sweep, echo)
+    if req.json_out:
+        write_json(sweep, req.json_out)
+    if req.plot_out:
+        from edgeinfer.bench.plot import plot_sweep
+
+        plot_sweep(sweep, req.plot_out)
+        click.echo(f"wrote {req.plot_out}", err=True)
+
+
+def _sweep(req: BenchRequest, engine: Any, targets: list[Target], levels: list[int], max_tokens: int) -> Any:
+    from edgeinfer.bench.progress import BarProgress
+    from edgeinfer.bench.sweep import SayProgress, run_sweep, runs_in
+
+    if req.dashboard and engine is not None:
+        from edgeinfer.tui.run import bench_with_dashboard
+
+        job = lambda say: run_sweep(targets, req.workload, levels, max_tokens, req.repeats, SayProgress(say))  # noqa: E731
+        return bench_with_dashboard(engine, job)
+    with BarProgress(runs_in(levels, req.repeats, len(targets))) as bar:
+        return run_sweep(targets, req.workload, levels, max_tokens, req.repeats, bar)
+
+
+def _engine_config(
+    config: EngineConfig,
+    user_set: set[str],
+    servers: list[ServerTarget],
+    workload: str,
+    levels: list[int],
+    max_tokens: int,
+) -> EngineConfig:
+    """The in-process engine: an edgeinfer server's own settings when measured beside one, else sized for the sweep."""
+    info = servers[0].edgeinfer_info() if servers else None
+    if info is not None:
+        m = info["model"]
+        return replace(
+            config,
+            model=Path(m["path"]),
+            ctx_size=m["ctx_size"],
+            parallel=m["parallel"],
+            kv_type=m["kv_type"],
+            gpu_layers=m["gpu_layers"],
+        )
+    config = replace(config, parallel=max(levels))
+    config.batch_size = max(config.batch_size, config.parallel)
+    if "ctx_size" not in user_set:
+        config.ctx_size = max(config.ctx_size, kv_cells_needed(workload, max(levels), max_tokens))
+    config.validate()
+    return config
+
+
+def kv_cells_needed(workload: str, streams: int, max_tokens: int) -> int:
+    """KV cells for `streams` of the workload at once, rounded up to 1024.
+
+    The engine reserves each stream's prompt and answer; prompts are estimated at 2.5
+    characters per token (the workloads measure 2.7 to 4), plus the chat template.
+    """
+    longest = max(
+        sum(len(m["content"]) for m in conv) for conv in messages(workload, streams, "(again) ", "[run 00.0.0] ")
+    )
+    need = streams * (longest * 2 // 5 + 64 + max_tokens)
+    return -(-need // 1024) * 1024
+
+
+def _quality(
+    req: BenchRequest,
+    config: EngineConfig,
+    make_engine: Callable[..., Any],
+    max_tokens: int,
+    echo: Callable[[str], None],
+) -> None:
+    from edgeinfer.bench.quality import compare, print_quality
+    from edgeinfer.models import resolve_model
+
+    config = replace(config, spec="off", parallel=16, batch_size=max(config.batch_size, 16))
+    reference = replace(
+        config, model=resolve_model(req.ref_model) if req.ref_model else config.model, kv_type=req.ref_kv_type
+    )
+    name = lambda c: f"{resolve_model(c.model).name}, KV {c.kv_type}"  # noqa: E731
+    names = (name(reference), name(config))
+    if names[0] == names[1]:
+        click.echo(
+            "note: the reference and candidate settings are the same; the figures show only the run-to-run "
+            "rounding of batched kernels. Pass --ref-model or --ref-kv-type, or change --model/--kv-type.",
+            err=True,
+        )
+    say = lambda m: click.echo(click.style(m, dim=True), err=True)  # noqa: E731
+    q = compare(lambda: make_engine(reference), lambda: make_engine(config), names, max_tokens, progress=say)
+    print_quality(q, echo)
+    if req.json_out:
+        import json
+
+        text = json.dumps(q.as_dict(), indent=2)
+        if req.json_out == "-":
+            click.echo(text)
+        else:
+            Path(req.json_out).write_text(text + "\n")
+            click.echo(f"wrote {req.json_out}", err=True)
+
+
+def _tune(
+    req: BenchRequest,
+    config: EngineConfig,
+    user_set: set[str],
+    make_engine: Callable[..., Any],
+    levels: list[int],
+    max_tokens: int,
+    echo: Callable[[str], None],
+) -> None:
+    from edgeinfer import config as settings_file
+    from edgeinfer.bench.progress import BarProgress
+    from edgeinfer.bench.tune import measured_tune, tune_runs
+    from edgeinfer.models import resolve_model
+
+    if "ctx_size" not in user_set:
+        config.ctx_size = max(config.ctx_size, kv_cells_needed(req.workload, max(levels), max_tokens))
+    with BarProgress(tune_runs(levels, req.repeats)) as bar:
+        result = measured_tune(config, make_engine, req.workload, levels, max_tokens, req.repeats, bar)
+    echo(f"\ntuning on {req.workload}, {max_tokens} tokens per stream; aggregate tok/s at {result.parallel} streams")
+    echo(f"parallel {result.parallel}: {result.knee_reason}")
+    for setting in dict.fromkeys(t.setting for t in result.trials):
+        cells = [f"{t.value}: {t.tps:.1f}" for t in result.trials if t.setting == setting]
+        echo(f"  {setting:<10} {'   '.join(cells)}   -> {result.chosen[setting]}")
+    model = resolve_model(config.model)
+    note = (
+        f"{model.name}, workload {req.workload}: {result.tps:.1f} tok/s aggregate at {result.parallel} streams.\n"
+        f"Settings tuned for this machine; the model is not saved (pass --model as usual)."
+    )
+    if "ctx_size" in user_set:
+        result.chosen["ctx_size"] = config.ctx_size
+    try:
+        path = settings_file.save(result.chosen, note)
+    except (OSError, ConfigError) as e:
+        raise ConfigError(f"could not write the settings file: {e}") from None
+    echo(f"\nwrote {path}:")
+    for k, v in result.chosen.items():
+        echo(f"  {k} = {v!r}")
+    echo("`edgeinfer serve` and `edgeinfer chat` now start with these; a command-line flag overrides any of them.")

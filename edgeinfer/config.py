@@ -1,0 +1,80 @@
+"""The user's settings file: what `edgeinfer bench --tune` found best, read by `serve` and `chat`.
+
+It is TOML in the user's config directory (~/.config/edgeinfer/config.toml on Linux), or
+wherever $EDGEINFER_CONFIG points. Its [engine] table holds engine options by their
+command-line names (with _ for -); a flag given on the command line wins over the file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import platformdirs
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgeinfer.errors import ConfigError
+
+ENV = "EDGEINFER_CONFIG"
+
+
+class EngineSettings(BaseModel):
+    """The [engine] table: every key optional, nothing else allowed."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    parallel: int | None = Field(None, ge=1, le=128)
+    threads: int | None = Field(None, ge=0)
+    threads_batch: int | None = Field(None, ge=0)
+    batch_size: int | None = Field(None, ge=1)
+    ubatch_size: int | None = Field(None, ge=1)
+    ctx_size: int | None = Field(None, ge=64)
+    gpu_layers: int | None = Field(None, ge=-1)
+    flash_attn: Literal["auto", "on", "off"] | None = None
+    kv_type: Literal["f16", "q8_0", "q4_0"] | None = None
+    spec: Literal["off", "ngram", "draft", "auto"] | None = None
+    spec_max: int | None = Field(None, ge=1, le=32)
+
+
+def config_path() -> Path:
+    env = os.environ.get(ENV)
+    return Path(env).expanduser() if env else platformdirs.user_config_path("edgeinfer") / "config.toml"
+
+
+def load(path: Path | None = None) -> dict[str, Any]:
+    """The [engine] settings in the file, validated; {} when there is no file."""
+    path = path or config_path()
+    if not path.is_file():
+        return {}
+    fix = f"fix it, or delete {path} (`edgeinfer bench --tune` writes a new one)"
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read the settings file {path}: {e}; {fix}") from None
+    unknown = set(doc) - {"engine"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}; only [engine] is read; {fix}")
+    try:
+        settings = EngineSettings.model_validate(doc.get("engine", {}))
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'engine'}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{path}: {problems}; {fix}") from None
+    return settings.model_dump(exclude_none=True)
+
+
+def save(settings: dict[str, Any], note: str, path: Path | None = None) -> Path:
+    """Write the [engine] table, with a comment saying where the figures came from."""
+    path = path or config_path()
+    body = tomli_w.dumps({"engine": EngineSettings.model_validate(settings).model_dump(exclude_none=True)})
+    head = (
+        f"# Written by `edgeinfer bench --tune` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
+        + "".join(f"# {line}\n" for line in note.splitlines())
+        + "# `edgeinfer serve` and `edgeinfer chat` read this; a command-line flag overrides a value here.\n\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head + body)
+    return path

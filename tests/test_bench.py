@@ -1,0 +1,249 @@
+"""The benchmark's arithmetic, report, tuner, settings file and plot, on synthetic data;
+then --quality and the settings file on the real default model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from edgeinfer import config as settings_file
+from edgeinfer.bench import schema
+from edgeinfer.bench.knee import Knee
+from edgeinfer.bench.plot import plot_sweep
+from edgeinfer.bench.report import build_report, print_sweep
+from edgeinfer.bench.run import kv_cells_needed
+from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.bench.sweep import Level, Side, Sweep
+from edgeinfer.bench.targets import Target
+from edgeinfer.bench.tune import Trial, choose, tune
+from edgeinfer.cli import main
+from edgeinfer.errors import ConfigError
+from edgeinfer.params import EngineConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+# --- figures ------------------------------------------------------------------------------
+
+
+def stream(ttft: float, gap: float, n: int, drafted: int = 0, accepted: int = 0) -> StreamResult:
+    """A stream whose n tokens arrive every `gap` seconds after the first."""
+    return StreamResult(30, n, ttft, [ttft + i * gap for i in range(n)], drafted, accepted)
+
+
+def test_stream_rates_and_gaps():
+    s = stream(0.5, 0.02, 11)
+    assert s.decode_tps == pytest.approx(10 / 0.2)
+    assert s.gaps() == pytest.approx([0.02] * 10)
+    assert stream(0.5, 0.02, 1).decode_tps is None  # one token has no decode rate
+
+
+def test_run_percentiles_rates_and_acceptance():
+    # 100 streams: TTFT 0.01 .. 1.00 s; stream i's tokens arrive every (i+1) ms.
+    streams = [stream((i + 1) / 100, (i + 1) / 1000, 5, drafted=4, accepted=i % 5) for i in range(100)]
+    run = RunResult(streams, t_start=0.0, t_all_first=1.0, t_end=2.0)
+    assert run.ttft(50) == pytest.approx(0.505)
+    assert run.ttft(99) == pytest.approx(0.9901)
+    gaps = sorted(g for s in streams for g in s.gaps())  # 400 gaps, four of each (i+1) ms
+    assert run.itl(50) == pytest.approx((gaps[199] + gaps[200]) / 2)
+    assert run.itl(99) == pytest.approx(gaps[395] + (gaps[396] - gaps[395]) * 0.01)
+    assert run.total_tps == pytest.approx(500 / 2.0)
+    assert run.decode_tps == pytest.approx(400 / 1.0)
+    assert run.requests_per_s == pytest.approx(50.0)
+    assert run.prefill_tps == pytest.approx(3000 / 1.0)
+    assert run.acceptance == pytest.approx(sum(i % 5 for i in range(100)) / 400)
+    assert RunResult([stream(0.1, 0.01, 4)], 0.0, 0.1, 0.2).acceptance is None  # nothing drafted: unknown
+
+
+# --- a synthetic sweep: report, schema, plot ----------------------------------------------
+
+
+class FakeTarget(Target):
+    def __init__(self, name: str, kind: str = "url") -> None:
+        self.name, self.kind = name, kind
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "fake", "where": "http://fake/v1"}
+
+
+def synthetic_sweep(curves: dict[str, list[float]], levels: list[int]) -> Sweep:
+    """Each target's aggregate tok/s at each level as given; TTFT grows with concurrency."""
+    targets = [FakeTarget(name) for name in curves]
+    sweep = Sweep("chat", 16, 1, list(targets))
+    for k, c in enumerate(levels):
+        sides = {}
+        for name, tps in curves.items():
+            duration = c * 16 / tps[k]
+            run = RunResult([stream(0.05 * c, duration / 16, 16) for _ in range(c)], 0.0, 0.05 * c, duration)
+            sides[name] = Side(cold=run, warm=run)
+        sweep.levels.append(Level(c, sides))
+    return sweep
+
+
+def test_report_matches_the_documented_schema():
+    sweep = synthetic_sweep({"a": [50, 90, 160, 170], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
+    doc = json.loads(build_report(sweep).model_dump_json(by_alias=True))
+    assert doc["schema"] == schema.SCHEMA_VERSION and doc["kind"] == "sweep"
+    schema.Report.model_validate(doc)  # extra="forbid": nothing undocumented slips in
+    assert doc["knees"]["a"]["parallel"] == 4 and doc["knees"]["a"]["found"]
+    assert not doc["knees"]["b"]["found"]
+    lv = doc["levels"][2]["targets"]["a"]["warm"]
+    assert lv["streams"] == 4 and lv["aggregate_tps"] == pytest.approx(160, rel=1e-3)
+    documented = json.loads((ROOT / "docs" / "bench-schema.json").read_text())
+    assert documented == schema.json_schema(), "docs/bench-schema.json is stale: python -m edgeinfer.bench.schema"
+
+
+def test_tables_side_by_side_and_knee():
+    sweep = synthetic_sweep({"edgeinfer": [50, 100, 200, 205], "llama-server": [50, 90, 150, 160]}, [1, 2, 4, 8])
+    lines: list[str] = []
+    print_sweep(sweep, lines.append)
+    text = "\n".join(lines)
+    assert "side by side" in text and "2/1 agg" in text
+    side = lines[next(i for i, ln in enumerate(lines) if "side by side" in ln) :]
+    row4 = next(ln.split() for ln in side if ln.split() and ln.split()[0] == "4")
+    assert row4[1:4] == ["200.0", "150.0", "0.75"]
+    assert "edgeinfer: knee: beyond 4 streams" in text and "recommended --parallel 4" in text
+
+
+def test_plot_writes_a_png(tmp_path):
+    sweep = synthetic_sweep({"a": [50, 90, 160, 170], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
+    out = tmp_path / "sweep.png"
+    plot_sweep(sweep, out)
+    import matplotlib.image
+
+    image = matplotlib.image.imread(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.shape[0] > 300 and image.shape[1] > 800
+
+
+def test_kv_cells_fit_the_sweep():
+    agent = kv_cells_needed("agent", 16, 64)
+    assert agent % 1024 == 0 and agent >= 16 * (609 + 64)  # the agent prompt is 609 tokens for SmolLM2
+    assert kv_cells_needed("code-edit", 1, 0) >= 193  # the densest: 2.7 characters per token
+    assert kv_cells_needed("chat", 1, 128) <= 1024
+
+
+# --- the tuner on synthetic curves ------------------------------------------------------------
+
+
+def test_choose_keeps_the_current_value_unless_clearly_beaten():
+    trials = [Trial("kv_type", "f16", 100.0), Trial("kv_type", "q8_0", 102.0)]
+    assert choose("f16", trials).value == "f16"  # 2% is noise
+    trials[1].tps = 110.0
+    assert choose("f16", trials).value == "q8_0"
+    assert choose("f16", [Trial("kv_type", "q8_0", 90.0)]).value == "q8_0"  # the only one measured
+
+
+def test_tune_settles_each_setting_on_a_synthetic_machine(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+
+    # This machine: 8 streams is the knee; 4 threads beat 8 (memory-bound); batch size barely matters;
+    # q8_0 KV gains 1% (noise: keep f16); speculation gains 20%.
+    def measure(c: EngineConfig) -> float:
+        tps = 100.0 * {8: 1.0, 4: 1.25, 7: 1.02}[c.threads]
+        tps *= {512: 1.0, 256: 0.97, 1024: 1.01}[c.batch_size]
+        tps *= {"f16": 1.0, "q8_0": 1.01}[c.kv_type]
+        return tps * {"off": 1.0, "auto": 1.2}[c.spec]
+
+    seen: list[EngineConfig] = []
+    knee = Knee(8, True, 0.03, "beyond 8 streams a doubling adds +3%")
+    calls = lambda c: seen.append(c) or knee  # noqa: E731
+
+    class Quiet:
+        def begin(self, label: str) -> None: ...
+        def advance(self) -> None: ...
+        def remaining(self, n: int) -> None: ...
+
+    result = tune(EngineConfig(spec="auto"), calls, measure, Quiet())
+    assert seen[0].spec == "off"  # the sweep for parallel runs without speculation
+    assert result.chosen == {"parallel": 8, "threads": 4, "batch_size": 512, "kv_type": "f16", "spec": "auto"}
+    assert result.tps == pytest.approx(100 * 1.25 * 1.2)
+    assert {t.setting for t in result.trials} == {"threads", "batch_size", "kv_type", "spec"}
+
+
+# --- the settings file --------------------------------------------------------------------
+
+
+def test_settings_file_round_trip_and_clear_errors(tmp_path, monkeypatch):
+    path = tmp_path / "edgeinfer" / "config.toml"
+    monkeypatch.setenv(settings_file.ENV, str(path))
+    assert settings_file.load() == {}
+    settings_file.save({"parallel": 16, "threads": 0, "kv_type": "q8_0", "spec": "auto"}, "a note")
+    assert settings_file.load() == {"parallel": 16, "threads": 0, "kv_type": "q8_0", "spec": "auto"}
+    assert "# a note" in path.read_text()
+    for body, words in [
+        ("[engine]\nparallel = 0\n", "parallel"),
+        ("[engine]\nkv_type = 'q3'\n", "kv_type"),
+        ("[engine]\nparallel = '4'\n", "parallel"),
+        ("[engine]\nmodels = 2\n", "models"),
+        ("[server]\n", "unknown table"),
+        ("[engine\n", "cannot read"),
+    ]:
+        path.write_text(body)
+        with pytest.raises(ConfigError, match=words) as err:
+            settings_file.load()
+        assert str(path) in str(err.value) and "delete" in str(err.value)
+
+
+class Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_serve_and_chat_start_from_the_settings_file(command, tmp_path, monkeypatch):
+    path = tmp_path / "config.toml"
+    monkeypatch.setenv(settings_file.ENV, str(path))
+    settings_file.save({"parallel": 3, "threads": 1, "kv_type": "q8_0", "batch_size": 256}, "test")
+    configs: list[EngineConfig] = []
+
+    def capture(config: EngineConfig, *_: Any, **__: Any) -> Any:
+        configs.append(config)
+        raise Captured
+
+    monkeypatch.setattr("edgeinfer.cli.make_server" if command == "serve" else "edgeinfer.cli.make_engine", capture)
+    args = [command, "--socket", str(tmp_path / "s.sock")] if command == "serve" else [command]
+    result = CliRunner().invoke(main, [*args, "--kv-type", "f16"])
+    assert isinstance(result.exception, Captured), result.output
+    c = configs[0]
+    assert (c.threads, c.batch_size, c.kv_type) == (1, 256, "f16")  # the flag wins over the file
+    assert c.parallel == (3 if command == "serve" else 2)  # chat caps its streams at 2
+    assert f"settings from {path}" in result.stderr and "kv_type" not in result.stderr.split("settings from")[1]
+
+    path.write_text("[engine]\nthreads = -2\n")
+    bad = CliRunner().invoke(main, args)
+    assert bad.exit_code != 0 and "threads" in bad.output and str(path) in bad.output
+    assert "Traceback" not in bad.output
+
+
+# --- --quality on the real model ------------------------------------------------------------
+
+
+def test_quality_of_a_configuration_against_itself(runner, model_path):
+    """Teacher forcing on the reference's own settings must agree almost everywhere: only batch-shape
+    rounding at near-ties can part them. A misaligned position would drop this towards zero."""
+    args = ["bench", "--quality", "--model", str(model_path), "--max-tokens", "24", "--ctx-size", "4096"]
+    result = runner.invoke(main, [*args, "--json", "-"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "quality" and doc["prompts"] == 16
+    assert doc["forced_agreement"] >= 0.95 and doc["forced_agreement_floor"] >= 0.95
+    assert doc["identical"] >= 8
+    assert all(0 <= it["common_prefix"] <= it["reference_tokens"] for it in doc["items"])
+    assert "settings are the same" in result.stderr
+
+
+def test_quality_of_a_quantized_kv_cache(runner, model_path):
+    args = ["bench", "--quality", "--model", str(model_path), "--kv-type", "q4_0", "--max-tokens", "24"]
+    result = runner.invoke(main, [*args, "--ctx-size", "4096"])
+    assert result.exit_code == 0, result.output
+    assert "KV f16" in result.output and "KV q4_0" in result.output
+    forced = float(result.output.split("forced agreement:")[1].split("%")[0])
+    assert 50.0 <= forced <= 100.0
