@@ -44,7 +44,7 @@ typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/edgeinfer bench --concurrency 1,4,16 --max-tokens 64
+	$(VENV)/bin/edgeinfer bench --plot bench-chat.png --json bench-chat.json
 
 clean:
 	rm -rf $(VENV) .wheels

@@ -50,13 +50,11 @@ class StreamHandle:
         self.finish: Finish | None = None
 
     def _push(self, event: Chunk | Finish) -> None:
+        """Called on the engine thread. Asyncio handles get their events when the engine flushes its outbox."""
         if self._loop is None:
             self._q.put(event)
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._q.put_nowait, event)
-        except RuntimeError:  # the caller's loop is gone: nobody is listening
-            self._engine.cancel(self)
+        else:
+            self._engine._outbox.setdefault(self._loop, []).append((self._q, event))
 
     def cancel(self) -> None:
         """Stop this stream; its KV is freed at the next step."""
@@ -94,6 +92,11 @@ class StreamHandle:
             pass
         assert self.finish is not None
         return self.finish
+
+
+def _deliver(items: list[tuple[asyncio.Queue[Any], Chunk | Finish]]) -> None:
+    for q, event in items:
+        q.put_nowait(event)
 
 
 class _SyncQueue:
@@ -225,6 +228,7 @@ class Engine:
         self._closing = False
         self._step_tokens = 0  # tokens emitted in the current step
         self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[Any, Chunk | Finish]]] = {}  # engine thread only
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
 
@@ -417,8 +421,22 @@ class Engine:
 
     # --- the engine thread ------------------------------------------------
 
+    def _flush(self) -> None:
+        """Hand the step's events to each asyncio loop in one wake-up, not one per token."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the caller's loop is gone: nobody is listening
+                with self._lock:
+                    for s in list(self.sched.running):
+                        live: _Live = s.payload
+                        if live.handle._loop is loop:
+                            self.sched.cancel(s)
+
     def _run(self) -> None:
         while True:
+            self._flush()
             with self._lock:
                 while not self.sched.has_work() and not self._closing and not self._exclusive:
                     self._wake.wait()
@@ -440,6 +458,7 @@ class Engine:
                     exclusive = self._exclusive.pop(0)
             if exclusive is not None:
                 self._step(plan)  # applies the queued KV removals first
+                self._flush()
                 fn, fut = exclusive
                 try:
                     fut.set_result(fn(self.ctx))

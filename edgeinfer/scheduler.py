@@ -10,7 +10,10 @@ KV cells are accounted by reservation: a request reserves its prompt plus `n` ti
 its `max_new` tokens when admitted, so a running stream can never run out of cells.
 Finished streams may be *retained*: their KV stays, keyed by the tokens it holds, so
 that a later prompt with the same prefix (the next chat turn) skips that prefill.
-Retained entries are evicted least recently used whenever admission needs the room.
+Retained entries are evicted least recently used whenever admission needs the room,
+and while streams run they may hold no more cells than the running streams reserve (or
+1/8 of the context, if that is more): llama.cpp's attention reads every occupied cell
+for every stream, so a prefix nobody reuses slows every decode step.
 """
 
 from __future__ import annotations
@@ -213,6 +216,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         finished = self._apply_cancellations()
         self._admit()
+        self._trim_retained()
         self._resolve_shares()
         items: list[BatchItem] = []
         budget = self.token_budget
@@ -309,6 +313,17 @@ class Scheduler:
             if len(self.running) + g.n > self.max_streams or not self._try_admit(g):
                 return
             self.waiting.popleft()
+
+    def _trim_retained(self) -> None:
+        """While streams run, keep retained cells within what they reserve (least recently used out first)."""
+        if not self.running:
+            return
+        budget = max(self.reserved, self.n_ctx // 16)
+        held = sum(len(t) for t in self.retained.values())
+        while held > budget:
+            seq = next(iter(self.retained))
+            held -= len(self.retained[seq])
+            self._evict(seq)
 
     def _try_admit(self, g: Group) -> bool:
         # The longest prefix already held: by a kept (finished) sequence, or a live stream's prompt.

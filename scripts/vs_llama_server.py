@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,7 @@ def main() -> int:
     if max(levels) > args.parallel:
         sys.exit(f"--concurrency {max(levels)} is above --parallel {args.parallel}: requests would queue")
     model = resolve_model(args.model)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the servers are stopped on the way out
     common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", str(args.ctx_size)]
     common += ["--parallel", str(args.parallel), "--batch-size", str(args.batch_size), "--ubatch-size", "512"]
 

@@ -208,3 +208,20 @@ def test_retained_prefixes_are_evicted_lru_when_admission_needs_room():
     assert s.evictions == 1 and list(s.retained) == [b.streams[0].seq]
     assert [op.seq for op in plan.kv_ops if op.kind == "rm"] == [a.streams[0].seq]
     assert s.cells_used == 40
+
+
+def test_retained_cells_stay_within_what_running_streams_reserve():
+    """Stale prefixes cost every decode step (attention reads every occupied cell), so they go
+    once streams run, least recently used first, down to what the running streams reserve."""
+    s = make(n_ctx=1600, streams=4, retained=8, budget=256)  # the floor is 1600 // 16 = 100 cells
+    groups = [s.add([10 + k] * 50, 1, 5) for k in range(4)]
+    run_step(s)
+    for g in groups:
+        s.finish(g.streams[0], Status.STOPPED)
+    assert len(s.retained) == 4 and s.evictions == 0  # nothing runs: idle prefixes cost nothing
+    newest = list(s.retained)[-1]
+    g = s.add([13] * 40 + [99] * 40, 1, 30)  # copies 40 tokens of the newest entry; reserves 110 cells
+    plan = s.schedule()
+    assert g.streams[0].n_cached == 40
+    assert s.evictions == 2 and list(s.retained)[-1] == newest  # 100 cells held: the two used last
+    assert [op.kind for op in plan.kv_ops] == ["cp", "rm", "rm"]  # the copy is made before cells are freed

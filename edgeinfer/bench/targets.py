@@ -121,13 +121,14 @@ class ServerTarget(Target):
         url: str | None = None,
         model: str | None = None,
         api_key: str | None = None,
+        name: str | None = None,
     ) -> None:
         if (socket is None) == (url is None):
             raise ValueError("give a socket or a URL")
         self.socket, self.url, self.api_key = socket, url, api_key
         self.kind = "socket" if socket else "url"
         self.where = str(socket or url)
-        self.name = self.where
+        self.name = name or self.where
         self.model = model or self._first_model()
 
     def _client(self, timeout: float = 600) -> openai.AsyncOpenAI:

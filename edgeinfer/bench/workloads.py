@@ -134,6 +134,20 @@ AGENT_TASKS = [
     "List the scripts folder.",
     "Search for TODO comments.",
 ]
+# The turn before each task: the agent looked around first, and the tool answered.
+_FIRST_CALL = '{"tool": "list_dir", "arguments": {"path": "."}}'
+_FIRST_RESULT = "Tool result: README.md, Makefile, pyproject.toml, edgeinfer/, scripts/, tests/"
+
+
+def agent_conversation(i: int, tag: str = "", head: str = "") -> list[dict[str, str]]:
+    """Multi-turn: system prompt, a first request, the agent's tool call and its result, then task i."""
+    return [
+        {"role": "system", "content": f"{head}{AGENT_SYSTEM}"},
+        {"role": "user", "content": f"{tag}Look at the repository."},
+        {"role": "assistant", "content": _FIRST_CALL},
+        {"role": "user", "content": f"{_FIRST_RESULT}\n\n{AGENT_TASKS[i % len(AGENT_TASKS)]}"},
+    ]
+
 
 # Long prefill: a long document and a one-line question.
 _DOC = " ".join(
@@ -157,13 +171,7 @@ def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[
     if workload == "code-edit":
         return [[{"role": "user", "content": f"{head}{tag}{code_edit_prompt(i)}"}] for i in range(n)]
     if workload == "agent":
-        return [
-            [
-                {"role": "system", "content": f"{head}{AGENT_SYSTEM}"},
-                {"role": "user", "content": f"{tag}{AGENT_TASKS[i % len(AGENT_TASKS)]}"},
-            ]
-            for i in range(n)
-        ]
+        return [agent_conversation(i, tag, head) for i in range(n)]
     if workload == "long-prefill":
         ask = "In one sentence: on which day was item {} agreed?"
         return [[{"role": "user", "content": f"{head}{_DOC}\n\n{tag}{ask.format(i % 23)}"}] for i in range(n)]

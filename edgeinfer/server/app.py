@@ -169,8 +169,12 @@ async def _respond(handles: list[StreamHandle], fmt: wire.Format, stream: bool, 
     return fmt.response(list(finishes))
 
 
-async def _sse(handles: list[StreamHandle], fmt: wire.Format, include_usage: bool) -> AsyncIterator[dict[str, str]]:
-    """Merge the n streams' events into one SSE stream; a disconnect cancels every stream."""
+async def _events(handles: list[StreamHandle]) -> AsyncIterator[Chunk | Finish]:
+    """The events of n streams as they come, ending after the last Finish."""
+    if len(handles) == 1:
+        async for ev in handles[0]:
+            yield ev
+        return
     queue: asyncio.Queue[Chunk | Finish] = asyncio.Queue()
 
     async def pump(h: StreamHandle) -> None:
@@ -178,13 +182,25 @@ async def _sse(handles: list[StreamHandle], fmt: wire.Format, include_usage: boo
             queue.put_nowait(ev)
 
     tasks = [asyncio.create_task(pump(h)) for h in handles]
+    try:
+        left = len(handles)
+        while left:
+            ev = await queue.get()
+            left -= isinstance(ev, Finish)
+            yield ev
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _sse(handles: list[StreamHandle], fmt: wire.Format, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+    """Merge the n streams' events into one SSE stream; a disconnect cancels every stream."""
     finishes: list[Finish] = []
     try:
         if fmt.sends_role:
             for i in range(len(handles)):
                 yield {"data": json.dumps(fmt.first_chunk(i))}
-        while len(finishes) < len(handles):
-            ev = await queue.get()
+        async for ev in _events(handles):
             if isinstance(ev, Chunk):
                 if ev.text or ev.logprob is not None:
                     yield {"data": json.dumps(fmt.chunk(ev))}
@@ -199,8 +215,6 @@ async def _sse(handles: list[StreamHandle], fmt: wire.Format, include_usage: boo
     finally:
         for h in handles:
             h.cancel()
-        for t in tasks:
-            t.cancel()
 
 
 def _error_handlers(app: FastAPI) -> None:
