@@ -80,6 +80,12 @@ def test_bad_options_are_refused_clearly(runner):
     assert result.exit_code != 0 and "--parallel" in result.output and "Traceback" not in result.output
     result = runner.invoke(main, ["bench", "--concurrency", "a,b"])
     assert result.exit_code != 0 and "comma-separated" in result.output
+    result = runner.invoke(main, ["bench", "--concurrency", "4,2"])
+    assert result.exit_code != 0 and "increasing" in result.output
+    result = runner.invoke(main, ["bench", "--plot", "/no/such/folder/p.png"])  # refused before any run
+    assert result.exit_code != 0 and "folder does not exist" in result.output and "Traceback" not in result.output
+    result = runner.invoke(main, ["bench", "--tune", "--quality"])
+    assert result.exit_code != 0 and "cannot be combined" in result.output
 
 
 def test_chat_repl_streams_and_reuses_history(runner):

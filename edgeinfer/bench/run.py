@@ -60,6 +60,9 @@ def run_bench(req: BenchRequest, config: EngineConfig, user_set: set[str], make_
         raise click.UsageError(f"{' and '.join(jobs + (['--socket/--url'] if remote else []))} cannot be combined")
     if req.dashboard and remote and not req.in_process:
         raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
+    for option, dest in (("--json", req.json_out), ("--plot", req.plot_out)):
+        if dest and dest != "-" and not Path(dest).expanduser().resolve().parent.is_dir():
+            raise click.BadParameter(f"{dest}: its folder does not exist; create it first", param_hint=option)
     out_to_stdout = req.json_out == "-"
     echo = lambda line: click.echo(line, err=out_to_stdout)  # noqa: E731  # tables leave stdout to the JSON
 
@@ -220,7 +223,10 @@ def _tune(
     echo(f"parallel {result.parallel}: {result.knee_reason}")
     for setting in dict.fromkeys(t.setting for t in result.trials):
         cells = [f"{t.value}: {t.tps:.1f}" for t in result.trials if t.setting == setting]
-        echo(f"  {setting:<10} {'   '.join(cells)}   -> {result.chosen[setting]}")
+        chosen = result.chosen[setting]
+        echo(
+            f"  {setting:<10} {'   '.join(cells)}   -> {'all cores' if setting == 'threads' and chosen == 0 else chosen}"
+        )
     model = resolve_model(config.model)
     note = (
         f"{model.name}, workload {req.workload}: {result.tps:.1f} tok/s aggregate at {result.parallel} streams.\n"
