@@ -224,9 +224,8 @@ def _tune(
     for setting in dict.fromkeys(t.setting for t in result.trials):
         cells = [f"{t.value}: {t.tps:.1f}" for t in result.trials if t.setting == setting]
         chosen = result.chosen[setting]
-        echo(
-            f"  {setting:<10} {'   '.join(cells)}   -> {'all cores' if setting == 'threads' and chosen == 0 else chosen}"
-        )
+        shown = "all cores" if setting == "threads" and chosen == 0 else chosen
+        echo(f"  {setting:<10} {'   '.join(cells)}   -> {shown}")
     model = resolve_model(config.model)
     note = (
         f"{model.name}, workload {req.workload}: {result.tps:.1f} tok/s aggregate at {result.parallel} streams.\n"
