@@ -147,7 +147,10 @@ def _engine_config(
     config = replace(config, parallel=max(levels))
     config.batch_size = max(config.batch_size, config.parallel)
     if "ctx_size" not in user_set:
-        config.ctx_size = max(config.ctx_size, kv_cells_needed(workload, max(levels), max_tokens))
+        need = kv_cells_needed(workload, max(levels), max_tokens)
+        if need > config.ctx_size:
+            click.echo(f"KV cache sized to {need} cells for {max(levels)} streams; --ctx-size sets it", err=True)
+            config.ctx_size = need
     config.validate()
     return config
 

@@ -183,8 +183,11 @@ class ServerTarget(Target):
             return None
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         transport = httpx.HTTPTransport(uds=str(self.socket))
-        with httpx.Client(transport=transport, base_url="http://edgeinfer", timeout=30) as http:
-            r = http.get("/v1/edgeinfer/stats", headers=headers)
+        try:
+            with httpx.Client(transport=transport, base_url="http://edgeinfer", timeout=30) as http:
+                r = http.get("/v1/edgeinfer/stats", headers=headers)
+        except httpx.TransportError:
+            return None
         return r.json() if r.status_code == 200 else None
 
 
