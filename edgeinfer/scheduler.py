@@ -12,7 +12,7 @@ Finished streams may be *retained*: their KV stays, keyed by the tokens it holds
 that a later prompt with the same prefix (the next chat turn) skips that prefill.
 Retained entries are evicted least recently used whenever admission needs the room,
 and while streams run they may hold no more cells than the running streams reserve (or
-1/8 of the context, if that is more): llama.cpp's attention reads every occupied cell
+1/16 of the context, if that is more): llama.cpp's attention reads every occupied cell
 for every stream, so a prefix nobody reuses slows every decode step.
 """
 
