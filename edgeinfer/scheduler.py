@@ -186,7 +186,7 @@ class Scheduler:
                 f"the context holds {self.n_ctx} (raise --ctx-size, or lower max_tokens)",
                 "max_tokens",
             )
-        if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+        if self.max_queue is not None and self._queued() >= self.max_queue:
             raise QueueFullError(f"the queue is full ({self.max_queue} waiting requests); retry shortly")
         for i in range(n):
             s = Stream(self._next_id, group, i, list(prompt), len(prompt), max_new)
@@ -195,6 +195,21 @@ class Scheduler:
         group.n_live = n
         self.waiting.append(group)
         return group
+
+    def _queued(self) -> int:
+        """Waiting groups that will not start at the next step: the ones beyond the free stream slots.
+
+        A request that arrives while a slot is free is not queued, even before the engine
+        thread has admitted it, so a burst does not see the queue full for a moment.
+        """
+        free = self.max_streams - len(self.running)
+        queued = 0
+        for g in self.waiting:
+            if queued == 0 and g.n <= free:
+                free -= g.n
+            else:
+                queued += 1
+        return queued
 
     def cancel(self, stream: Stream) -> None:
         """Ask for a stream to stop; it is finished and its KV freed at the next step."""

@@ -76,7 +76,11 @@ def test_request_larger_than_context_is_refused():
 
 def test_queue_bound():
     s = make(streams=1, queue=1)
-    s.add([1], 1, 1)
+    s.add([1], 1, 1)  # a slot is free: it starts at the next step, it is not queued
+    s.add([1], 1, 1)  # queued
+    with pytest.raises(QueueFullError):
+        s.add([1], 1, 1)
+    run_step(s)  # the first runs, the second still waits
     with pytest.raises(QueueFullError):
         s.add([1], 1, 1)
 

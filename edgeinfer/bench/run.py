@@ -146,13 +146,19 @@ def _engine_config(
         )
     config = replace(config, parallel=max(levels))
     config.batch_size = max(config.batch_size, config.parallel)
-    if "ctx_size" not in user_set:
-        need = kv_cells_needed(workload, max(levels), max_tokens)
-        if need > config.ctx_size:
-            click.echo(f"KV cache sized to {need} cells for {max(levels)} streams; --ctx-size sets it", err=True)
-            config.ctx_size = need
+    _fit_ctx(config, user_set, workload, max(levels), max_tokens)
     config.validate()
     return config
+
+
+def _fit_ctx(config: EngineConfig, user_set: set[str], workload: str, streams: int, max_tokens: int) -> None:
+    """Unless --ctx-size was given, grow the KV cache so that `streams` of the workload fit at once."""
+    if "ctx_size" in user_set:
+        return
+    need = kv_cells_needed(workload, streams, max_tokens)
+    if need > config.ctx_size:
+        click.echo(f"KV cache sized to {need} cells for {streams} streams; --ctx-size sets it", err=True)
+        config.ctx_size = need
 
 
 def kv_cells_needed(workload: str, streams: int, max_tokens: int) -> int:
@@ -218,8 +224,7 @@ def _tune(
     from edgeinfer.bench.tune import measured_tune, tune_runs
     from edgeinfer.models import resolve_model
 
-    if "ctx_size" not in user_set:
-        config.ctx_size = max(config.ctx_size, kv_cells_needed(req.workload, max(levels), max_tokens))
+    _fit_ctx(config, user_set, req.workload, max(levels), max_tokens)
     with BarProgress(tune_runs(levels, req.repeats)) as bar:
         result = measured_tune(config, make_engine, req.workload, levels, max_tokens, req.repeats, bar)
     echo(f"\ntuning on {req.workload}, {max_tokens} tokens per stream; aggregate tok/s at {result.parallel} streams")
