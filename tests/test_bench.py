@@ -50,7 +50,8 @@ def test_stream_rates_and_gaps():
 def test_run_percentiles_rates_and_acceptance():
     # 100 streams: TTFT 0.01 .. 1.00 s; stream i's tokens arrive every (i+1) ms.
     streams = [stream((i + 1) / 100, (i + 1) / 1000, 5, drafted=4, accepted=i % 5) for i in range(100)]
-    run = RunResult(streams, t_start=0.0, t_all_first=1.0, t_end=2.0)
+    run = RunResult(streams, t_start=0.0, t_end=2.0)
+    assert run.t_all_first == pytest.approx(1.0)  # the last first token: stream 99's TTFT
     assert run.ttft(50) == pytest.approx(0.505)
     assert run.ttft(99) == pytest.approx(0.9901)
     gaps = sorted(g for s in streams for g in s.gaps())  # 400 gaps, four of each (i+1) ms
@@ -61,7 +62,7 @@ def test_run_percentiles_rates_and_acceptance():
     assert run.requests_per_s == pytest.approx(50.0)
     assert run.prefill_tps == pytest.approx(3000 / 1.0)
     assert run.acceptance == pytest.approx(sum(i % 5 for i in range(100)) / 400)
-    assert RunResult([stream(0.1, 0.01, 4)], 0.0, 0.1, 0.2).acceptance is None  # nothing drafted: unknown
+    assert RunResult([stream(0.1, 0.01, 4)], 0.0, 0.2).acceptance is None  # nothing drafted: unknown
 
 
 # --- a synthetic sweep: report, schema, plot ----------------------------------------------
@@ -83,7 +84,7 @@ def synthetic_sweep(curves: dict[str, list[float]], levels: list[int]) -> Sweep:
         sides = {}
         for name, tps in curves.items():
             duration = c * 16 / tps[k]
-            run = RunResult([stream(0.05 * c, duration / 16, 16) for _ in range(c)], 0.0, 0.05 * c, duration)
+            run = RunResult([stream(0.05 * c, duration / 16, 16) for _ in range(c)], 0.0, duration)
             sides[name] = Side(cold=run, warm=run)
         sweep.levels.append(Level(c, sides))
     return sweep

@@ -74,4 +74,4 @@ def run_raw(ctx: Context, prompts: list[list[int]], max_tokens: int) -> RunResul
         )
         for i in range(n)
     ]
-    return RunResult(streams, t_start, max(first_t), t_end)
+    return RunResult(streams, t_start, t_end)

@@ -34,9 +34,13 @@ class RunResult:
     """All streams of one run at one concurrency, sent together."""
 
     streams: list[StreamResult]
-    t_start: float
-    t_all_first: float  # when the last stream got its first token: pure decode from here on
+    t_start: float  # when the requests were sent
     t_end: float
+
+    @property
+    def t_all_first(self) -> float:
+        """When the last stream got its first token: pure decode from here on."""
+        return self.t_start + max((s.ttft_s or 0.0 for s in self.streams), default=0.0)
 
     @property
     def total_tps(self) -> float:

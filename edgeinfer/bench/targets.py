@@ -61,9 +61,7 @@ class EngineTarget(Target):
         for h in handles:
             streams.append(_engine_stream(h.collect()))
             done()
-        t_end = time.perf_counter()
-        t_first = t_start + max(s.ttft_s or 0.0 for s in streams)
-        return RunResult(streams, t_start, t_first, t_end)
+        return RunResult(streams, t_start, time.perf_counter())
 
     def describe(self) -> dict[str, Any]:
         e = self.engine
@@ -230,6 +228,4 @@ async def _run_streams(
         streams = await asyncio.gather(*(one(m) for m in messages))
     finally:
         await client.close()
-    t_end = time.perf_counter()
-    t_first = t_start + max(s.ttft_s or 0.0 for s in streams)
-    return RunResult(list(streams), t_start, t_first, t_end)
+    return RunResult(list(streams), t_start, time.perf_counter())

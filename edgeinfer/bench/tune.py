@@ -68,7 +68,7 @@ def candidates(config: EngineConfig, cpus: int | None = None) -> dict[str, list[
 
 def tune(
     base: EngineConfig,
-    find_parallel: Callable[[EngineConfig], Knee | None],
+    find_parallel: Callable[[EngineConfig], Knee],
     measure: Callable[[EngineConfig], float],
     progress: Progress,
     repeats: int = 1,
@@ -79,7 +79,7 @@ def tune(
     at config.parallel streams (the benchmark passes real runs, the tests synthetic curves).
     """
     knee = find_parallel(replace(base, spec="off"))
-    parallel = knee.parallel if knee else base.parallel
+    parallel = knee.parallel
     config = replace(base, parallel=parallel, batch_size=max(base.batch_size, parallel), spec="off")
     cpus = os.cpu_count() or 1
     current: dict[str, Any] = {
@@ -108,7 +108,7 @@ def tune(
     chosen = {"parallel": parallel, **current}
     if chosen["threads"] == cpus:
         chosen["threads"] = 0  # all cores, wherever the file is read
-    return Tuning(parallel, knee.reason if knee else "a single level", chosen, best_tps, trials)
+    return Tuning(parallel, knee.reason, chosen, best_tps, trials)
 
 
 def measured_tune(
@@ -122,7 +122,7 @@ def measured_tune(
 ) -> Tuning:
     """tune() on real runs of the workload."""
 
-    def find_parallel(config: EngineConfig) -> Knee | None:
+    def find_parallel(config: EngineConfig) -> Knee:
         config = replace(config, parallel=max(levels), batch_size=max(config.batch_size, max(levels)))
         engine = make_engine(config)
         try:
@@ -132,34 +132,24 @@ def measured_tune(
         return sweep.knee("edgeinfer") or Knee(levels[0], False, None, "a single level")
 
     def measure(config: EngineConfig) -> float:
-        return _measure(make_engine, config, workload, config.parallel, max_tokens, repeats, progress)
+        """Aggregate tok/s of the best warm run at config.parallel streams with these settings."""
+        n = config.parallel
+        engine = make_engine(config)
+        try:
+            target = EngineTarget(engine)
+            # Two tokens per stream compute the shared prefix and warm the thread pool; then the measured runs.
+            target.run(messages(workload, n, head="[tune] "), 2, progress.advance)
+            top: RunResult | None = None
+            for i in range(repeats):
+                top = best(
+                    top, target.run(messages(workload, n, f"(again {i}) ", "[tune] "), max_tokens, progress.advance)
+                )
+            assert top is not None
+            return top.total_tps
+        finally:
+            engine.close()
 
     return tune(base, find_parallel, measure, progress, repeats)
-
-
-def _measure(
-    make_engine: Callable[[EngineConfig], Any],
-    config: EngineConfig,
-    workload: str,
-    parallel: int,
-    max_tokens: int,
-    repeats: int,
-    progress: Progress,
-) -> float:
-    """Aggregate tok/s of the best warm run at `parallel` streams with these settings."""
-    engine = make_engine(config)
-    try:
-        target = EngineTarget(engine)
-        # Two tokens per stream compute the shared prefix and warm the thread pool; then the measured runs.
-        target.run(messages(workload, parallel, head="[tune] "), 2, progress.advance)
-        top: RunResult | None = None
-        for i in range(repeats):
-            msgs = messages(workload, parallel, f"(again {i}) ", head="[tune] ")
-            top = best(top, target.run(msgs, max_tokens, progress.advance))
-        assert top is not None
-        return top.total_tps
-    finally:
-        engine.close()
 
 
 def tune_runs(levels: list[int], repeats: int) -> int:
