@@ -22,6 +22,7 @@ import numpy as np
 
 from edgeinfer.bench.workloads import QUESTIONS
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.scheduler import common_prefix
 
 
 @dataclass(slots=True)
@@ -39,12 +40,7 @@ class Agreement:
 
     @property
     def common_prefix(self) -> int:
-        n = 0
-        for a, b in zip(self.reference, self.candidate, strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.reference, self.candidate)
 
 
 @dataclass(slots=True)
