@@ -134,7 +134,11 @@ def build_report(sweep: Sweep) -> schema.Report:
 
 
 def write_json(sweep: Sweep, dest: str) -> None:
-    text = build_report(sweep).model_dump_json(by_alias=True, indent=2)
+    write_text(build_report(sweep).model_dump_json(by_alias=True, indent=2), dest)
+
+
+def write_text(text: str, dest: str) -> None:
+    """JSON text to stdout (dest "-") or to a file, saying where it went."""
     if dest == "-":
         click.echo(text)
         return

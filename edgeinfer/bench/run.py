@@ -202,12 +202,9 @@ def _quality(
     if req.json_out:
         import json
 
-        text = json.dumps(q.as_dict(), indent=2)
-        if req.json_out == "-":
-            click.echo(text)
-        else:
-            Path(req.json_out).write_text(text + "\n")
-            click.echo(f"wrote {req.json_out}", err=True)
+        from edgeinfer.bench.report import write_text
+
+        write_text(json.dumps(q.as_dict(), indent=2), req.json_out)
 
 
 def _tune(
