@@ -14,7 +14,7 @@ NOAMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 endif
 WHEELS := .wheels/$(shell printf '%s|%s' "$(NOAMX)" "$(LLAMA_CMAKE_ARGS)" | md5sum | cut -c1-8)
 
-.PHONY: install chat test lint format typecheck bench clean
+.PHONY: install chat test test-fast lint format typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ chat: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The pure tests only (no model loaded): the inner loop, in seconds.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not model"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

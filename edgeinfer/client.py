@@ -14,7 +14,7 @@ from types import ModuleType
 
 import openai
 
-from edgeinfer.server.run import default_socket_path
+from edgeinfer.server.listen import default_socket_path
 
 BASE_URL = "http://edgeinfer/v1"  # the host name is ignored over a Unix socket
 

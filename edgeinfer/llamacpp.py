@@ -17,7 +17,7 @@ import llama_cpp as C
 import numpy as np
 
 from edgeinfer.errors import ConfigError, DecodeError, EngineClosedError, ModelLoadError
-from edgeinfer.gguf import read_gguf
+from edgeinfer.models.gguf import read_gguf
 
 DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
 

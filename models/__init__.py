@@ -1,1 +1,1 @@
-"""The model catalog (catalog.toml), installed as edgeinfer.catalog."""
+"""Model files: the catalog (catalog.toml), --model resolution, GGUF metadata; installed as edgeinfer.models."""

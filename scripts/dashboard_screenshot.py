@@ -16,11 +16,11 @@ from typing import Any
 
 from edgeinfer.bench.sweep import SayProgress, run_sweep
 from edgeinfer.bench.targets import EngineTarget
-from edgeinfer.cli import make_engine
-from edgeinfer.models import default_model_path
-from edgeinfer.params import EngineConfig
+from edgeinfer.engine import make_engine
+from edgeinfer.models.catalog import default_model_path
+from edgeinfer.options import EngineConfig
 from edgeinfer.tui.app import Dashboard
-from edgeinfer.tui.run import bench_with_dashboard, run_headless
+from edgeinfer.tui.launch import bench_with_dashboard, run_headless
 
 
 def main() -> int:

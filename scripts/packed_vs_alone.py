@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from edgeinfer.bench.workloads import QUESTIONS as PROMPTS
-from edgeinfer.engine import Engine
-from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.engine import Engine, make_engine
+from edgeinfer.options import EngineConfig, SamplingParams
 
 
 def compare(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[tuple[bool, int, float]]:
@@ -36,7 +36,9 @@ def main() -> None:
     ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
-    engine = Engine(EngineConfig(parallel=len(PROMPTS), ctx_size=8192, keep_prefixes=0, flash_attn=args.flash_attn))
+    engine = make_engine(
+        EngineConfig(parallel=len(PROMPTS), ctx_size=8192, keep_prefixes=0, flash_attn=args.flash_attn, spec="off")
+    )
     try:
         system = {"role": "system", "content": "You are a helpful assistant."}
         prompts = [engine.chat_prompt([system, {"role": "user", "content": p}]) for p in PROMPTS]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from edgeinfer.engine import Engine
-from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.engine import Engine, make_engine
+from edgeinfer.options import EngineConfig, SamplingParams
 
 TOOLS = [
     ("read_file", "Read a file from the workspace and return its text."),
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    engine = Engine(EngineConfig(parallel=args.streams, ctx_size=8192 * 2, spec="off"))
+    engine = make_engine(EngineConfig(parallel=args.streams, ctx_size=8192 * 2, spec="off"))
     try:
         cold, warm = [], []
         for r in range(args.repeats):

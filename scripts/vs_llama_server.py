@@ -32,7 +32,7 @@ from edgeinfer.bench.report import build_report, print_sweep
 from edgeinfer.bench.sweep import run_sweep, runs_in
 from edgeinfer.bench.targets import ServerTarget
 from edgeinfer.bench.workloads import MAX_TOKENS, WORKLOADS
-from edgeinfer.models import resolve_model
+from edgeinfer.models.catalog import resolve_model
 
 
 def wait_healthy(sock: Path, proc: subprocess.Popen[bytes], log: Path, name: str, timeout: float = 180) -> None:

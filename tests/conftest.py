@@ -1,4 +1,8 @@
-"""Shared fixtures: the default model (never skipped: a missing model fails the install check)."""
+"""Shared fixtures: the default model (never skipped: a missing model fails the install check).
+
+Tests that load a model carry the `model` marker (set here from their fixtures or module);
+`make test-fast` runs the rest, the pure tests, in seconds. `make test` runs everything.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,23 @@ import subprocess
 
 import pytest
 
-from edgeinfer.engine import Engine
-from edgeinfer.models import default_model_path
-from edgeinfer.params import EngineConfig
+from edgeinfer.engine import Engine, make_engine
+from edgeinfer.models.catalog import default_model_path
+from edgeinfer.options import EngineConfig
+
+# Modules whose every test loads the model, and fixtures that load it.
+MODEL_MODULES = {"test_cli", "test_engine", "test_prefix_engine", "test_server", "test_spec"}
+MODEL_FIXTURES = {"model_path", "engine", "server", "servers", "oai", "runner"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "model: loads the default model (deselect with -m 'not model')")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in MODEL_MODULES or MODEL_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +39,7 @@ def model_path():
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    eng = Engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096))
+    eng = make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096))
     yield eng
     eng.close()
 

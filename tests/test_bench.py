@@ -10,19 +10,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from edgeinfer import config as settings_file
+from edgeinfer import settings as settings_file
 from edgeinfer.bench import schema
+from edgeinfer.bench.command import kv_cells_needed
 from edgeinfer.bench.knee import Knee
 from edgeinfer.bench.plot import plot_sweep
 from edgeinfer.bench.report import build_report, print_sweep
-from edgeinfer.bench.run import kv_cells_needed
-from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.bench.results import RunResult, StreamResult
 from edgeinfer.bench.sweep import Level, Side, Sweep
 from edgeinfer.bench.targets import Target
 from edgeinfer.bench.tune import Trial, choose, tune
 from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError
-from edgeinfer.params import EngineConfig
+from edgeinfer.options import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -209,7 +209,8 @@ def test_serve_and_chat_start_from_the_settings_file(command, tmp_path, monkeypa
         configs.append(config)
         raise Captured
 
-    monkeypatch.setattr("edgeinfer.cli.make_server" if command == "serve" else "edgeinfer.cli.make_engine", capture)
+    target = "edgeinfer.server.app.make_server" if command == "serve" else "edgeinfer.engine.engine.make_engine"
+    monkeypatch.setattr(target, capture)
     args = [command, "--socket", str(tmp_path / "s.sock")] if command == "serve" else [command]
     result = CliRunner().invoke(main, [*args, "--kv-type", "f16"])
     assert isinstance(result.exception, Captured), result.output

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from edgeinfer.bench.workloads import QUESTIONS
-from edgeinfer.engine import Engine
+from edgeinfer.engine import make_engine
 from edgeinfer.errors import EngineClosedError, RequestError
 from edgeinfer.events import Chunk, Finish
-from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.options import EngineConfig, SamplingParams
 
 from .conftest import assert_same_or_near_tie, chat
 
@@ -21,7 +21,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32, logprobs=5)
 
 def test_packed_streams_match_one_at_a_time(model_path):
     # No kept prefixes: each run computes its whole prompt, alone or packed.
-    with Engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096, keep_prefixes=0)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096, keep_prefixes=0)) as eng:
         alone = [eng.generate(chat(eng, p), GREEDY) for p in PROMPTS]
         handles = [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]
         packed = [h.result() for h in handles]
@@ -102,14 +102,14 @@ def test_streamed_chunks_are_valid_utf8_when_characters_split_across_tokens(engi
 
 
 def test_cancel_frees_the_streams_kv(model_path):
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as eng:
         handle = eng.submit(chat(eng, "Write a long essay about the ocean."), SamplingParams(max_tokens=500))[0]
         got, seq = 0, -1
         for ev in handle:
             if isinstance(ev, Chunk):
                 got += 1
                 if got == 5:
-                    seq = handle._stream.seq
+                    seq = eng.delivery.live[handle.id].stream.seq
                     assert eng.ctx.seq_pos_max(seq) > 0  # the stream holds KV while it runs
                     handle.cancel()
         assert handle.finish.finish_reason == "cancelled"
@@ -122,15 +122,15 @@ def test_cancel_frees_the_streams_kv(model_path):
 
 
 def test_more_requests_than_parallel_queue_and_all_finish(model_path):
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as eng:
         seen = {"max_running": 0, "max_waiting": 0}
         stop = threading.Event()
 
         def watch():
             while not stop.is_set():
                 snap = eng.snapshot()
-                seen["max_running"] = max(seen["max_running"], snap["requests"]["running"])
-                seen["max_waiting"] = max(seen["max_waiting"], snap["requests"]["waiting"])
+                seen["max_running"] = max(seen["max_running"], snap.requests.running)
+                seen["max_waiting"] = max(seen["max_waiting"], snap.requests.waiting)
                 time.sleep(0.002)
 
         t = threading.Thread(target=watch)
@@ -164,9 +164,9 @@ def test_multi_turn_chat_reuses_the_history_kv(engine):
 
 def test_prefix_reuse_gives_the_same_greedy_text(model_path):
     prompt_text = "Explain how rainbows form."
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as cold:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as cold:
         want = cold.generate(chat(cold, prompt_text), GREEDY)
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as warm:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as warm:
         warm.generate(chat(warm, prompt_text), GREEDY)
         got = warm.generate(chat(warm, prompt_text), GREEDY)
     assert got.stats.cached_tokens == got.stats.prompt_tokens - 1
@@ -176,8 +176,9 @@ def test_prefix_reuse_gives_the_same_greedy_text(model_path):
 def test_request_errors_name_the_limit(engine):
     with pytest.raises(RequestError, match="max_tokens"):
         engine.submit(chat(engine, "hi"), SamplingParams(max_tokens=10**6))
-    with pytest.raises(RequestError, match="temperature"):
-        engine.submit(chat(engine, "hi"), SamplingParams(temperature=-1))
+    with pytest.raises(RequestError, match="temperature") as e:
+        SamplingParams(temperature=-1)
+    assert e.value.param == "temperature"
     with pytest.raises(RequestError, match="empty"):
         engine.submit([], SamplingParams())
     with pytest.raises(RequestError, match="vocabulary"):
@@ -194,13 +195,13 @@ async def test_async_api_streams_events(engine):
 def test_snapshot_reports_model_and_totals(engine):
     engine.generate(chat(engine, "hi"), SamplingParams(max_tokens=4))
     snap = engine.snapshot()
-    assert snap["model"]["quantization"] == "Q4_1"
-    assert snap["kv"]["total_cells"] == engine.n_ctx
-    assert snap["tokens"]["generated"] > 0 and snap["requests"]["total"] > 0
+    assert snap.model.quantization == "Q4_1"
+    assert snap.kv.total_cells == engine.n_ctx
+    assert snap.tokens.generated > 0 and snap.requests.total > 0
 
 
 def test_a_closed_engine_refuses_work_instead_of_crashing(model_path):
-    eng = Engine(EngineConfig(model=model_path, parallel=1, ctx_size=512))
+    eng = make_engine(EngineConfig(model=model_path, parallel=1, ctx_size=512))
     eng.close()
     with pytest.raises(EngineClosedError):
         eng.tokenize("hello")

@@ -1,6 +1,6 @@
 """The prefix trie, without a model."""
 
-from edgeinfer.prefix import PrefixTrie
+from edgeinfer.engine.prefix import PrefixTrie
 
 
 def test_longest_shared_prefix_and_removal():

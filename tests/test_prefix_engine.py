@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edgeinfer.engine import Engine
-from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.engine import Engine, make_engine
+from edgeinfer.options import EngineConfig, SamplingParams
 
 from .conftest import assert_same_or_near_tie
 
@@ -22,9 +22,9 @@ def ask(engine: Engine, question: str, system: str = SYSTEM) -> list[int]:
 
 
 def test_shared_system_prompt_hits_match_no_cache_and_counters_add_up(model_path):
-    with Engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, keep_prefixes=0)) as cold:
+    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, keep_prefixes=0)) as cold:
         want = [cold.generate(ask(cold, q), REF) for q in QUESTIONS]
-    with Engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096)) as eng:
         got = [eng.generate(ask(eng, q), PLAIN) for q in QUESTIONS]
         total = sum(len(ask(eng, q)) for q in QUESTIONS)
         sched = eng.sched
@@ -39,7 +39,7 @@ def test_shared_system_prompt_hits_match_no_cache_and_counters_add_up(model_path
 
 def test_divergence_mid_prefix_reuses_only_up_to_it(model_path):
     other = SYSTEM.replace("Cakes: lemon", "Pies: apple")
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096)) as eng:
         a, b = ask(eng, QUESTIONS[0]), ask(eng, QUESTIONS[0], other)
         common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
         eng.generate(a, PLAIN)
@@ -49,10 +49,10 @@ def test_divergence_mid_prefix_reuses_only_up_to_it(model_path):
 
 def test_eviction_under_kv_pressure_leaves_live_streams_intact(model_path):
     long_q = "Write a long story about a baker who travels the world."
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as ref_engine:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as ref_engine:
         want = ref_engine.generate(ask(ref_engine, long_q), SamplingParams(temperature=0, max_tokens=300, logprobs=5))
     # A small context: kept prefixes must be evicted to admit new requests while the story runs.
-    with Engine(EngineConfig(model=model_path, parallel=2, ctx_size=1024, keep_prefixes=8)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=1024, keep_prefixes=8)) as eng:
         story = eng.submit(ask(eng, long_q), SamplingParams(temperature=0, max_tokens=300))[0]
         for i in range(6):
             eng.generate(ask(eng, f"Question {i}: {QUESTIONS[i % 3]}", system=f"Shop {i}. " + SYSTEM), PLAIN)

@@ -1,22 +1,28 @@
 """The scheduler without a model: hand-built steps, checking batches, KV ops and accounting."""
 
+from types import SimpleNamespace
+
 import pytest
 
+from edgeinfer.engine.requests import check_request
+from edgeinfer.engine.scheduler import Scheduler, Status, StepOutput
 from edgeinfer.errors import QueueFullError, RequestError
-from edgeinfer.scheduler import Scheduler, Status
+from edgeinfer.options import SamplingParams
 
 
 def make(n_ctx=1000, streams=4, ids=None, budget=64, retained=0, queue=None):
     return Scheduler(n_ctx, streams, ids or streams + retained, budget, retained, queue)
 
 
+def sample_all(s, plan, token=7):
+    """Pretend the plan was decoded and every sampling stream drew `token`."""
+    return s.postprocess(plan, [StepOutput(st, [token]) for it in plan.items for st in it.samplers])
+
+
 def run_step(s, sampled_token=7):
     """Plan a step, pretend to decode it, append a token for every sampler."""
     plan = s.schedule()
-    s.complete(plan)
-    for it in plan.items:
-        for st in it.samplers:
-            s.append(st, sampled_token)
+    sample_all(s, plan, sampled_token)
     return plan
 
 
@@ -66,12 +72,36 @@ def test_kv_reservation_blocks_admission_until_cells_free():
     assert b.streams[0].status == Status.RUNNING and s.cells_used == 60
 
 
-def test_request_larger_than_context_is_refused():
-    s = make(n_ctx=100)
-    with pytest.raises(RequestError, match="KV cells"):
-        s.add([1] * 60, 1, 50)
-    with pytest.raises(RequestError, match="at most 4"):
-        s.add([1], 5, 1)
+def test_requests_that_can_never_be_served_are_refused_at_the_door():
+    engine = SimpleNamespace(n_ctx=100, config=SimpleNamespace(parallel=4), vocab=SimpleNamespace(n_tokens=50))
+    engine.default_max_tokens = 256
+    with pytest.raises(RequestError, match="max_tokens is 50, but only 40 tokens fit") as e:
+        check_request([1] * 60, 1, SamplingParams(max_tokens=50), engine)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="1 to 4"):
+        check_request([1], 5, SamplingParams(), engine)
+    with pytest.raises(RequestError, match="empty"):
+        check_request([], 1, SamplingParams(), engine)
+    with pytest.raises(RequestError, match="vocabulary"):
+        check_request([50], 1, SamplingParams(), engine)
+    with pytest.raises(RequestError, match="context holds 100"):
+        check_request([1] * 100, 1, SamplingParams(), engine)
+    # Without max_tokens a stream gets what fits: 3 streams share 90 cells after a 10-token prompt.
+    assert check_request([1] * 10, 3, SamplingParams(), engine) == 30
+
+
+def test_verified_drafts_and_an_early_stop_leave_only_the_kept_positions():
+    s = make(budget=64)
+    g = s.add([1, 2, 3], 1, 10)
+    run_step(s)
+    st = g.streams[0]
+    plan = s.schedule({st.id: [20, 21, 22]})
+    (item,) = plan.items
+    assert item.tokens == [7, 20, 21, 22] and item.n_draft == 3 and item.draft == [20, 21, 22]
+    # Two drafts accepted, the third rejected; the target's own token 30 follows.
+    s.postprocess(plan, [StepOutput(st, [20, 21, 30], n_rejected=1)])
+    assert st.tokens == [1, 2, 3, 7, 20, 21, 30] and st.n_computed == 6
+    assert [(op.kind, op.seq, op.p0) for op in s.schedule().kv_ops] == [("rm", st.seq, 6)]
 
 
 def test_queue_bound():
@@ -91,9 +121,7 @@ def test_fork_children_share_the_prompt_and_sample_from_the_leader_row():
     plan = s.schedule()
     assert len(plan.items) == 1  # only the leader prefills
     assert plan.items[0].samplers == g.streams
-    s.complete(plan)
-    for st in g.streams:
-        s.append(st, 9)
+    sample_all(s, plan, 9)
     plan = s.schedule()
     leader = g.streams[0]
     cps = [op for op in plan.kv_ops if op.kind == "cp"]
@@ -173,10 +201,7 @@ def test_concurrent_requests_sharing_a_prompt_prefix_compute_it_once():
     plan = s.schedule()
     # Only the first computes the shared prefix; the others wait for it.
     assert [it.stream for it in plan.items] == [groups[0].streams[0]]
-    s.complete(plan)
-    for it in plan.items:
-        for st in it.samplers:
-            s.append(st, 7)
+    sample_all(s, plan, 7)
     plan = s.schedule()
     cps = [(op.seq, op.dst, op.p1) for op in plan.kv_ops if op.kind == "cp"]
     leader = groups[0].streams[0]

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from edgeinfer.bench.workloads import code_edit_prompt
 from edgeinfer.cli import main
-from edgeinfer.engine import Engine
+from edgeinfer.engine import make_engine
 from edgeinfer.errors import ConfigError
-from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.options import EngineConfig, SamplingParams
 
 from .conftest import assert_same_or_near_tie, chat
 
@@ -24,9 +24,9 @@ PROMPTS = [code_edit_prompt(0), code_edit_prompt(1), "List the days of the week,
 
 
 def run_all(config: EngineConfig, params: SamplingParams) -> tuple[list, dict]:
-    with Engine(config) as eng:
+    with make_engine(config) as eng:
         outs = [eng.generate(chat(eng, p), params) for p in PROMPTS]
-        return outs, eng.snapshot()["spec"]
+        return outs, eng.snapshot().spec
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_greedy_ngram_speculation_equals_no_speculation(model_path, baseline, mo
     )
     for b, o in zip(baseline, outs, strict=True):
         assert_same_or_near_tie(b, o)
-    assert stats["drafted"] > 0 and 0 < stats["accepted"] <= stats["drafted"]
+    assert stats.drafted > 0 and 0 < stats.accepted <= stats.drafted
 
 
 def test_greedy_draft_model_speculation_equals_no_speculation(model_path, baseline):
@@ -51,7 +51,7 @@ def test_greedy_draft_model_speculation_equals_no_speculation(model_path, baseli
     for b, o in zip(baseline, outs, strict=True):
         assert_same_or_near_tie(b, o)
     # The draft is the target itself: every confident draft is accepted.
-    assert stats["drafted"] > 0 and stats["accepted"] / stats["drafted"] > 0.9
+    assert stats.drafted > 0 and stats.accepted / stats.drafted > 0.9
 
 
 def test_seeded_sampling_with_ngram_speculation_is_reproducible(model_path):
@@ -60,32 +60,32 @@ def test_seeded_sampling_with_ngram_speculation_is_reproducible(model_path):
     a, stats = run_all(EngineConfig(model=model_path, spec="ngram", **EXACT), params)
     b, _ = run_all(EngineConfig(model=model_path, spec="ngram", **EXACT), params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
-    assert stats["drafted"] > 0 and stats["accepted"] > 0
+    assert stats.drafted > 0 and stats.accepted > 0
 
 
 def test_kv_is_clean_after_rejections(model_path):
     params = SamplingParams(temperature=0, max_tokens=60)
-    with Engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
+    with make_engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
         first = eng.generate(chat(eng, PROMPTS[0]), params)
-        stats = eng.snapshot()["spec"]
-        assert stats["drafted"] > stats["accepted"]  # there were rejections
+        stats = eng.snapshot().spec
+        assert stats.drafted > stats.accepted  # there were rejections
         # Continue from the KV that held rejected drafts (the retained prefix is taken over).
         longer = chat(eng, PROMPTS[0]) + first.token_ids[:-1]
         cont = eng.generate(longer, params)
         assert cont.stats.cached_tokens >= len(longer) - 2
-    with Engine(EngineConfig(model=model_path, spec="off", keep_prefixes=0, **EXACT)) as fresh:
+    with make_engine(EngineConfig(model=model_path, spec="off", keep_prefixes=0, **EXACT)) as fresh:
         want = fresh.generate(longer, SamplingParams(temperature=0, max_tokens=60, logprobs=5))
     assert_same_or_near_tie(want, cont)
 
 
 def test_rejection_sampling_path_runs_and_counts(model_path):
     config = EngineConfig(model=model_path, spec="draft", draft_model=model_path, **EXACT)
-    with Engine(config) as eng:
+    with make_engine(config) as eng:
         r = eng.generate(chat(eng, PROMPTS[2]), SamplingParams(temperature=0.7, max_tokens=40, seed=3))
-        stats = eng.snapshot()["spec"]
+        stats = eng.snapshot().spec
     assert r.stats.completion_tokens == 40 or r.finish_reason == "stop"
-    assert stats["verifications"] > 0 and stats["accepted"] <= stats["drafted"]
-    by_pos = [x for x in stats["acceptance_by_position"] if x is not None]
+    assert stats.verifications > 0 and stats.accepted <= stats.drafted
+    by_pos = [x for x in stats.acceptance_by_position if x is not None]
     assert by_pos and all(0.0 <= x <= 1.0 for x in by_pos)
 
 
@@ -104,7 +104,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(model_path, tmp_path):
     bad = tmp_path / "other-vocab.gguf"
     with_one_token_renamed(model_path, bad)
     with pytest.raises(ConfigError, match="vocabulary"):
-        Engine(EngineConfig(model=model_path, spec="draft", draft_model=bad, **EXACT))
+        make_engine(EngineConfig(model=model_path, spec="draft", draft_model=bad, **EXACT))
     result = CliRunner().invoke(main, ["generate", "hi", "--spec", "draft", "--draft-model", str(bad)])
     assert result.exit_code != 0 and "share the target's vocabulary" in result.output
     assert "Traceback" not in result.output
@@ -116,7 +116,7 @@ def test_spec_draft_without_a_draft_model_is_a_clear_error():
 
 
 def test_forked_streams_from_a_kept_prefix_finish_with_speculation_on(model_path):
-    with Engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
+    with make_engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
         prompt = chat(eng, PROMPTS[2])
         eng.generate(prompt, SamplingParams(temperature=0, max_tokens=4))
         # The whole prompt is kept: the leader starts one token from the end, and its first

@@ -1,6 +1,6 @@
 """The adaptive controller on synthetic costs: it drafts where it pays and steps back where it does not."""
 
-from edgeinfer.spec.control import Acceptance, Candidate, Controller, StepCosts
+from edgeinfer.speculative.control import Acceptance, Candidate, Controller, StepCosts
 
 
 def cpu_like(c: StepCosts, fixed=0.010, per_token=0.004):
@@ -72,7 +72,7 @@ def test_acceptance_moves_towards_what_is_observed():
 
 
 def test_gate_switches_drafting_off_where_it_delivers_less_and_keeps_probing():
-    from edgeinfer.spec.control import Gate
+    from edgeinfer.speculative.control import Gate
 
     g = Gate(probe_every=10, retry_every=50, min_samples=3, weight=0.1)
     for _ in range(5):

@@ -8,7 +8,7 @@ sampling noise in TV is about sqrt(V / N) / 2; the tolerance is a few times that
 import numpy as np
 import pytest
 
-from edgeinfer.spec.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
+from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
 
 V = 8
 N = 40_000

@@ -1,6 +1,6 @@
 """UTF-8 and stop-string handling of the text stream, byte by byte."""
 
-from edgeinfer.text import TextStream
+from edgeinfer.engine.text import TextStream
 
 
 def feed_all(ts, pieces):

@@ -18,13 +18,15 @@ from click.testing import CliRunner
 
 from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.bench.workloads import messages
-from edgeinfer.cli import main, make_server
-from edgeinfer.engine import Engine
+from edgeinfer.cli import main
+from edgeinfer.engine import make_engine
+from edgeinfer.engine.stats import EngineStats, StreamRow
 from edgeinfer.errors import EngineClosedError
-from edgeinfer.params import EngineConfig, SamplingParams
+from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.server.app import make_server
 from edgeinfer.tui import figures
 from edgeinfer.tui.app import Dashboard, make_dashboard
-from edgeinfer.tui.run import BenchmarkStopped, bench_with_dashboard, run_headless, serve_with_dashboard
+from edgeinfer.tui.launch import BenchmarkStopped, bench_with_dashboard, run_headless, serve_with_dashboard
 from edgeinfer.tui.sources import ScriptedSource, SocketSource
 from edgeinfer.tui.widgets import HelpScreen, KvBar, StreamsTable
 
@@ -67,8 +69,8 @@ def snapshot(t: float = 1000.0, tps: float = 173.2, **over: Any) -> dict[str, An
         },
         "requests": {"running": 3, "waiting": 1, "total": 40, "finished": {"stop": 30, "length": 5}},
         "kv": {"used_cells": 3520, "total_cells": 8192, "retained_prefixes": 3},
-        "tokens": {"prompt": 1000, "generated": 5000, "prompt_cached": 342, "prompt_computed": 658},
-        "prefix_cache": {"hit_tokens": 342, "evictions": 0},
+        "tokens": {"prompt": 1000, "generated": 5000},
+        "prefix_cache": {"hit_tokens": 342, "computed_tokens": 658, "retained_cells": 96, "evictions": 0},
         "rate": {"generated_tps_1s": tps, "generated_tps_10s": 160.0},
         "latency": {"ttft_p50_s": 0.134, "ttft_p95_s": 0.5, "itl_p50_s": 0.011, "itl_p95_s": 0.02},
         "steps": {"count": 100, "decode_seconds": 5.0},
@@ -92,22 +94,26 @@ def text_of(app: Dashboard, selector: str) -> str:
 # --- pure figures ---------------------------------------------------------------
 
 
+def stats(**over: Any) -> EngineStats:
+    return EngineStats.model_validate(snapshot(**over))
+
+
 def test_derived_figures():
-    assert figures.prefix_hit_rate(snapshot()) == pytest.approx(0.342)
-    assert figures.prefix_hit_rate(snapshot(tokens={"prompt_cached": 0, "prompt_computed": 0})) is None
-    assert figures.spec_acceptance(snapshot()) is None
-    assert figures.spec_acceptance({"spec": {"mode": "off", "error": None}}) is None
-    assert figures.spec_acceptance({"spec": {"mode": "ngram", "acceptance": 0.72}}) == 0.72
-    assert figures.spec_acceptance({"spec": {"accepted": 3, "drafted": 4}}) == 0.75
-    assert figures.spec_acceptance({"spec": {"accepted": 0, "drafted": 0}}) is None
-    assert figures.spec_acceptance(stream(0, "decode", acceptance=0.5)) == 0.5
+    assert stats().prefix_cache.hit_rate == pytest.approx(0.342)
+    assert stats(prefix_cache={"hit_tokens": 0, "computed_tokens": 0}).prefix_cache.hit_rate is None
+    assert stats().spec.acceptance is None
+    assert stats(spec={"mode": "off", "error": None}).spec.acceptance is None
+    assert stats(spec={"accepted": 3, "drafted": 4}).spec.acceptance == 0.75
+    assert stats(spec={"accepted": 0, "drafted": 0}).spec.acceptance is None
+    assert StreamRow.model_validate(stream(0, "decode", drafted=4, accepted=2)).acceptance == 0.5
     assert [figures.fmt_seconds(x) for x in (None, 0.0114, 1.7561)] == ["—", "11 ms", "1.76 s"]
     assert figures.fmt_count(134515008) == "135M"
-    assert figures.kv_text(snapshot()) == "3520 / 8192 cells · 3 kept prefixes"
-    kept = snapshot(prefix_cache={"hit_tokens": 342, "retained_cells": 96})
-    assert figures.kv_text(kept) == "3520 / 8192 cells · 3 kept prefixes (96 cells)"
-    ids = lambda sort: [s["id"] for s in figures.sorted_streams(STREAMS, sort)]  # noqa: E731
+    assert figures.kv_text(stats()) == "3520 / 8192 cells · 3 kept prefixes (96 cells)"
+    ids = lambda sort: [s.id for s in figures.sorted_streams(stats().streams, sort)]  # noqa: E731
     assert [ids(i) for i in range(4)] == [[0, 1, 2, 3], [3, 0, 1, 2], [0, 3, 1, 2], [0, 3, 1, 2]]
+    # The JSON a server sends reads back into the same figures.
+    again = EngineStats.model_validate_json(stats().model_dump_json())
+    assert again == stats() and figures.cards(again) == figures.cards(stats())
 
 
 def test_rate_history_bins_holds_and_forgets():
@@ -138,7 +144,7 @@ def test_rate_history_follows_a_slow_feed():
 async def test_dashboard_shows_every_figure():
     spec = {"mode": "ngram", "drafted": 200, "accepted": 150, "acceptance": 0.75}
     app = make_dashboard(
-        ScriptedSource([snapshot(spec=spec, streams=[*STREAMS[:3], STREAMS[3] | {"acceptance": 0.5}])])
+        ScriptedSource([snapshot(spec=spec, streams=[*STREAMS[:3], STREAMS[3] | {"drafted": 10, "accepted": 5}])])
     )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.received == 1, "the snapshot")
@@ -397,7 +403,7 @@ def test_serve_with_dashboard(tmp_path, model_path):
 
 
 def test_bench_with_dashboard_shares_the_engine(model_path):
-    engine = Engine(EngineConfig(model=model_path, parallel=4, ctx_size=2048, threads=1, threads_batch=1))
+    engine = make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=2048, threads=1, threads_batch=1))
     try:
 
         def job(progress: Any) -> Any:
@@ -417,7 +423,7 @@ def test_bench_with_dashboard_shares_the_engine(model_path):
 
 
 def test_closing_the_dashboard_stops_the_benchmark(model_path):
-    engine = Engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, threads=1, threads_batch=1))
+    engine = make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, threads=1, threads_batch=1))
 
     def job(progress: Any) -> str:
         progress("one long stream")

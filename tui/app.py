@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -12,10 +12,12 @@ from textual.containers import Grid, Horizontal
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
-from edgeinfer.tui import figures
-from edgeinfer.tui.messages import FeedDown, StatsUpdate
-from edgeinfer.tui.sources import StatsSource
-from edgeinfer.tui.widgets import CARDS, Card, HelpScreen, KvBar, RateChart, StreamsTable
+from edgeinfer.engine.stats import EngineStats
+
+from . import figures
+from .messages import FeedDown, StatsUpdate
+from .sources import StatsSource
+from .widgets import CARDS, Card, HelpScreen, KvBar, RateChart, StreamsTable
 
 # At most 5 redraws a second however fast snapshots come: a redraw costs ~40 ms of CPU on a
 # small machine, and a backlog of redraws would make the screen lag behind the feed.
@@ -40,8 +42,8 @@ class Dashboard(App[None]):
         super().__init__()
         self.source = source
         self.history = figures.RateHistory(history_s)
-        self.latest: dict[str, Any] | None = None  # the newest snapshot received
-        self.shown: dict[str, Any] | None = None  # the snapshot on screen (older than latest while paused)
+        self.latest: EngineStats | None = None  # the newest snapshot received
+        self.shown: EngineStats | None = None  # the snapshot on screen (older than latest while paused)
         self.received = 0  # snapshots received since start
         self.missed = 0  # snapshots received while paused
         self.down: FeedDown | None = None  # why the feed is down, None while snapshots arrive
@@ -85,7 +87,7 @@ class Dashboard(App[None]):
         was_down = self.down is not None and self.received > 0
         self.latest, self.down = snap, None
         self.received += 1
-        self.history.add(snap.get("time", 0.0), snap.get("rate", {}).get("generated_tps_1s") or 0.0)
+        self.history.add(snap.time, snap.rate.generated_tps_1s)
         if self.paused:
             self.missed += 1
         else:
@@ -111,7 +113,7 @@ class Dashboard(App[None]):
 
     def action_sort(self) -> None:
         self.sort = (self.sort + 1) % len(figures.SORTS)
-        self.query_one(StreamsTable).show((self.shown or {}).get("streams", []), self.sort)
+        self.query_one(StreamsTable).show(self.shown.streams if self.shown else [], self.sort)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -134,7 +136,7 @@ class Dashboard(App[None]):
         if not self.paused and self.latest is not None:
             self.draw(self.latest)
 
-    def draw(self, snap: dict[str, Any]) -> None:
+    def draw(self, snap: EngineStats) -> None:
         """Draw one snapshot everywhere but the status line."""
         self.shown = snap
         self.draws += 1
@@ -144,7 +146,7 @@ class Dashboard(App[None]):
         self.query_one("#model", Static).update("\n".join(figures.model_lines(snap)))
         self.query_one(RateChart).show(self.history.series(), snap, self.history.peak())
         self.query_one(KvBar).show(snap)
-        self.query_one(StreamsTable).show(snap.get("streams", []), self.sort)
+        self.query_one(StreamsTable).show(snap.streams, self.sort)
 
     def refresh_status(self) -> None:
         status = self.query_one("#status", Static)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer.engine.stats import EngineStats, StreamRow
+
 DASH = "—"  # a figure with no value yet (no request has finished, no speculation configured)
 
 
@@ -35,65 +37,36 @@ def fmt_count(n: int) -> str:
     return str(n)
 
 
-def prefix_hit_rate(snap: dict[str, Any]) -> float | None:
-    """Prompt tokens found in the KV cache over all prompt tokens scheduled; None before the first prompt."""
-    tokens = snap.get("tokens", {})
-    cached, computed = tokens.get("prompt_cached", 0), tokens.get("prompt_computed", 0)
-    return cached / (cached + computed) if cached + computed else None
-
-
-def spec_acceptance(holder: dict[str, Any]) -> float | None:
-    """The fraction of drafted tokens accepted; None without speculation (or before any draft).
-
-    A snapshot carries it in "spec" ({"acceptance": x}, or the counts {"accepted": a, "drafted": d});
-    a stream row carries "acceptance" itself.
-    """
-    direct = holder.get("acceptance")
-    if isinstance(direct, int | float):
-        return float(direct)
-    spec = holder.get("spec")
-    if not isinstance(spec, dict):
-        return None
-    if isinstance(spec.get("acceptance"), int | float):
-        return float(spec["acceptance"])
-    accepted, drafted = spec.get("accepted"), spec.get("drafted")
-    if isinstance(accepted, int | float) and isinstance(drafted, int | float) and drafted > 0:
-        return accepted / drafted
-    return None
-
-
-def cards(snap: dict[str, Any]) -> dict[str, str]:
+def cards(snap: EngineStats) -> dict[str, str]:
     """The figure cards, by widget id."""
-    lat, req, rate = snap.get("latency", {}), snap.get("requests", {}), snap.get("rate", {})
+    lat = snap.latency
     return {
-        "tps": fmt_rate(rate.get("generated_tps_1s")),
-        "ttft": f"{fmt_seconds(lat.get('ttft_p50_s'))} / {fmt_seconds(lat.get('ttft_p95_s'))}",
-        "itl": f"{fmt_seconds(lat.get('itl_p50_s'))} / {fmt_seconds(lat.get('itl_p95_s'))}",
-        "running": str(req.get("running", 0)),
-        "waiting": str(req.get("waiting", 0)),
-        "done": str(sum(req.get("finished", {}).values())),
-        "prefix": fmt_percent(prefix_hit_rate(snap)),
-        "spec": fmt_percent(spec_acceptance(snap)),
+        "tps": fmt_rate(snap.rate.generated_tps_1s),
+        "ttft": f"{fmt_seconds(lat.ttft_p50_s)} / {fmt_seconds(lat.ttft_p95_s)}",
+        "itl": f"{fmt_seconds(lat.itl_p50_s)} / {fmt_seconds(lat.itl_p95_s)}",
+        "running": str(snap.requests.running),
+        "waiting": str(snap.requests.waiting),
+        "done": str(snap.requests.done),
+        "prefix": fmt_percent(snap.prefix_cache.hit_rate),
+        "spec": fmt_percent(snap.spec.acceptance),
     }
 
 
-def model_lines(snap: dict[str, Any]) -> list[str]:
-    m = snap.get("model", {})
-    gpu = m.get("gpu_layers", 0)
+def model_lines(snap: EngineStats) -> list[str]:
+    m = snap.model
     return [
-        str(m.get("name") or m.get("path", "?")),
-        f"{m.get('quantization', '?')} · {fmt_count(m.get('n_params', 0))} params · {m.get('architecture', '?')}",
-        f"context {m.get('ctx_size', '?')} cells · KV {m.get('kv_type', '?')}",
-        f"parallel {m.get('parallel', '?')} · GPU layers {'all' if gpu < 0 else gpu}",
+        m.name or m.path or "?",
+        f"{m.quantization} · {fmt_count(m.n_params)} params · {m.architecture}",
+        f"context {m.ctx_size} cells · KV {m.kv_type}",
+        f"parallel {m.parallel} · GPU layers {'all' if m.gpu_layers < 0 else m.gpu_layers}",
     ]
 
 
-def kv_text(snap: dict[str, Any]) -> str:
-    kv = snap.get("kv", {})
-    used, total = kv.get("used_cells", 0), kv.get("total_cells", 0)
-    text = f"{used} / {total} cells · {kv.get('retained_prefixes', 0)} kept prefixes"
-    kept_cells = snap.get("prefix_cache", {}).get("retained_cells")
-    return text if kept_cells is None else f"{text} ({kept_cells} cells)"
+def kv_text(snap: EngineStats) -> str:
+    kv, pc = snap.kv, snap.prefix_cache
+    return (
+        f"{kv.used_cells} / {kv.total_cells} cells · {kv.retained_prefixes} kept prefixes ({pc.retained_cells} cells)"
+    )
 
 
 # --- the streams table ------------------------------------------------------
@@ -102,30 +75,30 @@ COLUMNS = ("id", "state", "prompt", "cached", "generated", "tok/s", "TTFT", "acc
 _STATE_ORDER = {"decode": 0, "prefill": 1, "waiting": 2}
 
 # (name, key, descending): `s` cycles through these.
-SORTS: list[tuple[str, Callable[[dict[str, Any]], Any], bool]] = [
-    ("id", lambda s: s["id"], False),
-    ("tok/s", lambda s: s.get("tps") or 0.0, True),
-    ("generated", lambda s: s.get("generated_tokens", 0), True),
-    ("state", lambda s: (_STATE_ORDER.get(s.get("state", ""), 3), s["id"]), False),
+SORTS: list[tuple[str, Callable[[StreamRow], Any], bool]] = [
+    ("id", lambda s: s.id, False),
+    ("tok/s", lambda s: s.tps or 0.0, True),
+    ("generated", lambda s: s.generated_tokens, True),
+    ("state", lambda s: (_STATE_ORDER.get(s.state, 3), s.id), False),
 ]
 
 
-def sorted_streams(streams: list[dict[str, Any]], sort: int) -> list[dict[str, Any]]:
+def sorted_streams(streams: list[StreamRow], sort: int) -> list[StreamRow]:
     _, key, descending = SORTS[sort % len(SORTS)]
     return sorted(streams, key=key, reverse=descending)
 
 
-def stream_cells(s: dict[str, Any]) -> tuple[str, ...]:
+def stream_cells(s: StreamRow) -> tuple[str, ...]:
     return (
-        str(s["id"]),
-        s.get("state", "?"),
-        str(s.get("prompt_tokens", 0)),
-        str(s.get("cached_tokens", 0)),
-        str(s.get("generated_tokens", 0)),
-        fmt_rate(s.get("tps")),
-        fmt_seconds(s.get("ttft_s")),
-        fmt_percent(spec_acceptance(s)),
-        f"{s.get('age_s', 0.0):.1f} s",
+        str(s.id),
+        s.state,
+        str(s.prompt_tokens),
+        str(s.cached_tokens),
+        str(s.generated_tokens),
+        fmt_rate(s.tps),
+        fmt_seconds(s.ttft_s),
+        fmt_percent(s.acceptance),
+        f"{s.age_s:.1f} s",
     )
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from textual.message import Message
+
+from edgeinfer.engine.stats import EngineStats
 
 
 @dataclass
 class StatsUpdate(Message):
-    """One engine snapshot (the dict `Engine.snapshot()` returns, or its JSON over the socket)."""
+    """One engine snapshot (what `Engine.snapshot()` returns, or its JSON over the socket read back)."""
 
-    snapshot: dict[str, Any]
+    snapshot: EngineStats
 
 
 @dataclass

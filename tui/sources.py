@@ -14,8 +14,11 @@ from typing import Any, Protocol
 
 import httpx
 from httpx_sse import aconnect_sse
+from pydantic import ValidationError
 
-from edgeinfer.tui.messages import FeedDown, StatsUpdate
+from edgeinfer.engine.stats import EngineStats
+
+from .messages import FeedDown, StatsUpdate
 
 STREAM_PATH = "/v1/edgeinfer/stats/stream"
 
@@ -32,7 +35,7 @@ class StatsSource(Protocol):
 
 def serve_hint(path: Path) -> str:
     """The command that starts a server at path (the plain one when path is the default)."""
-    from edgeinfer.server.run import default_socket_path
+    from edgeinfer.server.listen import default_socket_path
 
     if path == default_socket_path():
         return "start `edgeinfer serve`"
@@ -81,7 +84,7 @@ class SocketSource:
                     yield self._refused(r.status_code, await r.aread())
                     return
                 async for sse in feed.aiter_sse():
-                    yield StatsUpdate(json.loads(sse.data))
+                    yield StatsUpdate(EngineStats.model_validate_json(sse.data))
             yield FeedDown(f"the server at {self.path} ended the stats stream", again)
         except httpx.ConnectError:
             yield FeedDown(f"no server at {self.path}", f"{serve_hint(self.path)}; {again}")
@@ -89,8 +92,8 @@ class SocketSource:
             yield FeedDown(f"no stats from {self.path} for {self.stall_s:g} s: the feed stalled", again)
         except httpx.TransportError as e:
             yield FeedDown(f"lost the server at {self.path} ({type(e).__name__})", again)
-        except json.JSONDecodeError:
-            yield FeedDown(f"the server at {self.path} sent a snapshot that is not JSON", again)
+        except ValidationError:
+            yield FeedDown(f"the server at {self.path} sent a snapshot that is not an edgeinfer snapshot", again)
 
     def _refused(self, status: int, body: bytes) -> FeedDown:
         try:
@@ -115,7 +118,7 @@ class EngineSource:
 
     async def events(self) -> AsyncIterator[Event]:
         # At most one snapshot() call in flight: a stuck one is waited for, not piled on.
-        pending: asyncio.Future[dict[str, Any]] | None = None
+        pending: asyncio.Future[EngineStats] | None = None
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(asyncio.to_thread(self.engine.snapshot))
@@ -148,4 +151,4 @@ class ScriptedSource:
     async def events(self) -> AsyncIterator[Event]:
         while True:
             item = await self._queue.get()
-            yield StatsUpdate(item) if isinstance(item, dict) else FeedDown(item)
+            yield StatsUpdate(EngineStats.model_validate(item)) if isinstance(item, dict) else FeedDown(item)

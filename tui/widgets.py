@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -11,8 +11,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, ProgressBar, Sparkline, Static
 
-from edgeinfer.tui import figures
-from edgeinfer.tui.figures import DASH
+from edgeinfer.engine.stats import EngineStats, StreamRow
+
+from . import figures
+from .figures import DASH
 
 # (widget id, label): the figure cards, in reading order, four to a row.
 CARDS = [
@@ -51,15 +53,15 @@ class RateChart(Vertical):
         yield Sparkline([0.0] * self.span_s, id="spark")
         yield Static(DASH, id="chart-caption")
 
-    def show(self, series: list[float], snap: dict[str, Any], peak: float) -> None:
+    def show(self, series: list[float], snap: EngineStats, peak: float) -> None:
         # Sparkline scales from the data's minimum; a leading 0 pins the floor at 0 tok/s, so a dip
         # from 190 to 150 does not read as a stall. Summaries are per-bucket maxima, so it stays hidden
         # whenever the chart is narrower than the series.
         self.query_one(Sparkline).data = [0.0, *series]
-        rate = snap.get("rate", {})
+        rate = snap.rate
         self.query_one("#chart-caption", Static).update(
-            f"now {figures.fmt_rate(rate.get('generated_tps_1s'))} · "
-            f"10 s mean {figures.fmt_rate(rate.get('generated_tps_10s'))} · "
+            f"now {figures.fmt_rate(rate.generated_tps_1s)} · "
+            f"10 s mean {figures.fmt_rate(rate.generated_tps_10s)} · "
             f"peak {figures.fmt_rate(peak)} tok/s (chart: 0 to peak)"
         )
 
@@ -72,9 +74,9 @@ class KvBar(Horizontal):
         yield ProgressBar(total=1, show_eta=False, id="kv-bar")
         yield Static(DASH, id="kv-text")
 
-    def show(self, snap: dict[str, Any]) -> None:
-        kv = snap.get("kv", {})
-        self.query_one(ProgressBar).update(total=max(1, kv.get("total_cells", 0)), progress=kv.get("used_cells", 0))
+    def show(self, snap: EngineStats) -> None:
+        kv = snap.kv
+        self.query_one(ProgressBar).update(total=max(1, kv.total_cells), progress=kv.used_cells)
         self.query_one("#kv-text", Static).update(figures.kv_text(snap))
 
 
@@ -91,7 +93,7 @@ class StreamsTable(DataTable[Text]):
         for name in figures.COLUMNS:
             self.add_column(Text(name, justify="right") if name in _NUMERIC else name, key=name)
 
-    def show(self, streams: list[dict[str, Any]], sort: int) -> None:
+    def show(self, streams: list[StreamRow], sort: int) -> None:
         name, _, descending = figures.SORTS[sort % len(figures.SORTS)]
         self.border_title = f"streams ({len(streams)}) · sorted by {name}{' ↓' if descending else ''} · s: next"
         self.clear()
@@ -100,7 +102,7 @@ class StreamsTable(DataTable[Text]):
                 Text(c, justify="right") if col in _NUMERIC else Text(c, style=_STATE_STYLE.get(c, ""))
                 for col, c in zip(figures.COLUMNS, figures.stream_cells(s), strict=True)
             ]
-            self.add_row(*cells, key=str(s["id"]))
+            self.add_row(*cells, key=str(s.id))
 
     def ids(self) -> list[str]:
         """Stream ids in display order (tests, and anyone reading the table)."""

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeinfer.bench.workloads import QUESTIONS
+from edgeinfer.engine.prefix import common_prefix
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.scheduler import common_prefix
 
 
 @dataclass(slots=True)
@@ -91,7 +91,7 @@ class Quality:
 
 def greedy_answers(engine: object, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Each prompt's greedy answer, all packed in one batch (end-of-text ends an answer)."""
-    from edgeinfer.params import SamplingParams
+    from edgeinfer.options import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     handles = [engine.submit(p, params)[0] for p in prompts]  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.bench.results import RunResult, StreamResult
 from edgeinfer.llamacpp import Batch, Context, Sampler
 
 

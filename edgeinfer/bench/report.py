@@ -11,7 +11,7 @@ from collections.abc import Callable
 import click
 
 from edgeinfer.bench import schema
-from edgeinfer.bench.stats import RunResult
+from edgeinfer.bench.results import RunResult
 from edgeinfer.bench.sweep import Sweep
 
 Echo = Callable[[str], None]
@@ -121,7 +121,7 @@ def build_report(sweep: Sweep) -> schema.Report:
             gain = None if k.gain_after is None else round(k.gain_after, 4)
             knees[t.name] = schema.Knee(parallel=k.parallel, found=k.found, gain_after=gain, reason=k.reason)
     return schema.Report(
-        schema=schema.SCHEMA_VERSION,
+        schema_version=schema.SCHEMA_VERSION,
         time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         machine=schema.Machine(platform=platform.platform(), python=sys.version.split()[0], cpus=os.cpu_count() or 1),
         workload=sweep.workload,  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from edgeinfer.bench.knee import Knee, find_knee
-from edgeinfer.bench.stats import RunResult, best
+from edgeinfer.bench.results import RunResult, best
 from edgeinfer.bench.targets import Target
 from edgeinfer.bench.workloads import messages
 

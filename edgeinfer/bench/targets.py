@@ -17,9 +17,11 @@ from typing import Any, cast
 import httpx
 import openai
 
-from edgeinfer.bench.stats import RunResult, StreamResult
+from edgeinfer.bench.results import RunResult, StreamResult
+from edgeinfer.engine.stats import EngineStats
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.events import Chunk, Finish
+from edgeinfer.options import SamplingParams
 
 Messages = list[list[dict[str, str]]]
 Done = Callable[[], None]  # called once per finished stream (the progress bar)
@@ -49,8 +51,6 @@ class EngineTarget(Target):
         self.spec = spec  # True/False: turn the engine's speculation on/off for this target's runs
 
     def run(self, messages: Messages, max_tokens: int, done: Done) -> RunResult:
-        from edgeinfer.params import SamplingParams
-
         if self.spec is not None:
             self.engine.set_speculation(self.spec)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -175,7 +175,7 @@ class ServerTarget(Target):
     def describe(self) -> dict[str, Any]:
         return {"model": self.model, "where": self.where}
 
-    def edgeinfer_info(self) -> dict[str, Any] | None:
+    def edgeinfer_info(self) -> EngineStats | None:
         """The /v1/edgeinfer/stats snapshot when this is an edgeinfer socket (model path and settings)."""
         if self.socket is None:
             return None
@@ -186,7 +186,7 @@ class ServerTarget(Target):
                 r = http.get("/v1/edgeinfer/stats", headers=headers)
         except httpx.TransportError:
             return None
-        return r.json() if r.status_code == 200 else None
+        return EngineStats.model_validate_json(r.content) if r.status_code == 200 else None
 
 
 async def _run_streams(

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.bench.knee import Knee
-from edgeinfer.bench.stats import RunResult, best
+from edgeinfer.bench.results import RunResult, best
 from edgeinfer.bench.sweep import Progress, run_sweep
 from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.bench.workloads import messages
-from edgeinfer.params import EngineConfig
+from edgeinfer.options import EngineConfig
 
 MARGIN = 0.05  # a new value must be this much faster than the current one (noise here is about ±3%)
 
@@ -78,9 +78,9 @@ def tune(
     find_parallel(config) runs the concurrency sweep; measure(config) gives aggregate tok/s
     at config.parallel streams (the benchmark passes real runs, the tests synthetic curves).
     """
-    knee = find_parallel(replace(base, spec="off"))
+    knee = find_parallel(base.replace(spec="off"))
     parallel = knee.parallel
-    config = replace(base, parallel=parallel, batch_size=max(base.batch_size, parallel), spec="off")
+    config = base.replace(parallel=parallel, batch_size=max(base.batch_size, parallel), spec="off")
     cpus = os.cpu_count() or 1
     current: dict[str, Any] = {
         "threads": config.threads or cpus,
@@ -97,7 +97,7 @@ def tune(
             values = [current[setting], *values]
         batch = []
         for v in values:
-            trial_config = replace(config, **{**current, setting: v})
+            trial_config = config.replace(**{**current, setting: v})
             trial_config.threads_batch = trial_config.threads
             progress.begin(f"tuning {setting}: {v} at {parallel} streams")
             batch.append(Trial(setting, v, measure(trial_config)))
@@ -113,7 +113,6 @@ def tune(
 
 def measured_tune(
     base: EngineConfig,
-    make_engine: Callable[[EngineConfig], Any],
     workload: str,
     levels: list[int],
     max_tokens: int,
@@ -121,9 +120,10 @@ def measured_tune(
     progress: Progress,
 ) -> Tuning:
     """tune() on real runs of the workload."""
+    from edgeinfer.engine import make_engine
 
     def find_parallel(config: EngineConfig) -> Knee:
-        config = replace(config, parallel=max(levels), batch_size=max(config.batch_size, max(levels)))
+        config = config.replace(parallel=max(levels), batch_size=max(config.batch_size, max(levels)))
         engine = make_engine(config)
         try:
             sweep = run_sweep([EngineTarget(engine)], workload, levels, max_tokens, repeats, progress)

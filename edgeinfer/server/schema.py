@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edgeinfer.params import SamplingParams
+from edgeinfer.options import SAMPLING_FIELDS, SamplingFields, SamplingParams
 
 
 class _Strict(BaseModel):
@@ -36,50 +36,21 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(_Strict):
-    """Fields shared by both endpoints; ranges are checked here so errors name the field."""
+class _Sampling(SamplingFields):
+    """Fields shared by both endpoints. The sampling settings, their ranges and defaults are
+    edgeinfer.options.SamplingFields' own; errors name the field as the client sent it."""
 
     model: str = Field(min_length=1)
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    seed: Annotated[int, Field(ge=0)] | None = None
-    stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    ignore_eos: bool = False  # benchmarks: always generate max_tokens
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > 16 or any(not s for s in stops):
-            raise ValueError("stop takes at most 16 non-empty strings")
-        return v
 
     def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        d = SamplingParams()
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=d.temperature if self.temperature is None else self.temperature,
-            top_p=d.top_p if self.top_p is None else self.top_p,
-            top_k=d.top_k if self.top_k is None else self.top_k,
-            min_p=d.min_p if self.min_p is None else self.min_p,
-            repeat_penalty=d.repeat_penalty if self.repeat_penalty is None else self.repeat_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed,
-            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
-            logprobs=logprobs,
-            ignore_eos=self.ignore_eos,
-        )
+        """The engine's SamplingParams (already checked: the fields are the same declarations)."""
+        values = self.model_dump(include=set(SAMPLING_FIELDS))
+        return SamplingParams.model_construct(**values, max_tokens=max_tokens, logprobs=logprobs)
 
 
 class ChatRequest(_Sampling):
@@ -114,9 +85,14 @@ class CompletionRequest(_Sampling):
     def _prompt(cls, v: str | list[int] | list[str]) -> str | list[int] | list[str]:
         if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
             raise ValueError("only one prompt per request is supported; send one string")
-        if not v or v == [""]:
-            raise ValueError("the prompt is empty")
         return v
+
+    def prompt_input(self) -> str | list[int]:
+        """The prompt as the engine takes it: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str):
+            return str(p[0])
+        return p  # type: ignore[return-value]
 
     def to_sampling(self) -> SamplingParams:
         return self.sampling(self.max_tokens, self.logprobs)

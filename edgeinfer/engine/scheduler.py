@@ -18,118 +18,16 @@ for every stream, so a prefix nobody reuses slows every decode step.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Any
 
-from edgeinfer.errors import QueueFullError, RequestError
-from edgeinfer.prefix import PrefixTrie
+from edgeinfer.engine.prefix import PrefixTrie
+from edgeinfer.engine.step import BatchItem, Group, KvOp, Status, StepOutput, StepPlan, Stream
+from edgeinfer.errors import QueueFullError
+
+__all__ = ["BatchItem", "Group", "KvOp", "Scheduler", "Status", "StepOutput", "StepPlan", "Stream"]
 
 # Prefixes shorter than this are computed again rather than copied or waited for.
 MIN_SHARE = 16
-
-
-class Status(enum.IntEnum):
-    """Ordered so that `status >= Status.STOPPED` means finished."""
-
-    WAITING = 0
-    RUNNING = 1
-    STOPPED = 2  # end-of-generation token or stop string
-    LENGTH = 3  # max_tokens or the context reached
-    CANCELLED = 4
-    ERROR = 5
-
-    @property
-    def finished(self) -> bool:
-        return self >= Status.STOPPED
-
-
-@dataclass(slots=True, eq=False)
-class Stream:
-    """One generation stream: one sequence id in the KV cache while it runs."""
-
-    id: int
-    group: Group
-    index: int  # position within its group (0..n-1)
-    tokens: list[int]  # prompt + generated; the KV holds tokens[:n_computed]
-    n_prompt: int
-    max_new: int  # generated tokens at most
-    status: Status = Status.WAITING
-    seq: int = -1  # llama.cpp sequence id, -1 before admission
-    n_computed: int = 0
-    n_cached: int = 0  # prompt tokens reused from retained KV instead of computed
-    fork_pending: bool = False  # waits for its group's leader to finish the prompt
-    cancel_requested: bool = False
-    draft: list[int] = field(default_factory=list)  # speculative tokens to verify in the next step
-    share_src: Stream | None = None  # a live stream whose prompt prefix this one copies once computed
-    share_len: int = 0
-    payload: Any = None  # the engine's per-stream state (sampler, text, sink)
-
-    @property
-    def n_generated(self) -> int:
-        return len(self.tokens) - self.n_prompt
-
-
-@dataclass(slots=True, eq=False)
-class Group:
-    """The streams of one request: `n` completions of one prompt, sharing its KV."""
-
-    prompt: list[int]
-    n: int
-    max_new: int
-    retain: bool = True  # keep the KV of a finished single stream for prefix reuse
-    streams: list[Stream] = field(default_factory=list)
-    n_live: int = 0
-
-    @property
-    def reserve(self) -> int:
-        """KV cells this request can occupy at most: the shared prompt, then n continuations."""
-        return len(self.prompt) + self.n * self.max_new
-
-
-@dataclass(slots=True)
-class KvOp:
-    """A KV-cache edit to apply before the batch: remove [p0, p1) of seq, or copy src to dst."""
-
-    kind: str  # "rm" or "cp"
-    seq: int
-    p0: int = -1
-    p1: int = -1
-    dst: int = -1
-
-
-@dataclass(slots=True)
-class BatchItem:
-    """Tokens of one stream in the batch, and which streams sample from its last row."""
-
-    stream: Stream
-    tokens: list[int]
-    pos0: int  # position of tokens[0]
-    samplers: list[Stream]  # empty: no logits needed (a prompt chunk that is not the last)
-    n_draft: int = 0  # trailing draft tokens: every position after tokens[0] needs logits
-    row0: int = -1  # batch row of tokens[0], set when the batch is filled
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """Everything the engine does in one step."""
-
-    kv_ops: list[KvOp]
-    items: list[BatchItem]
-    finished: list[Stream]  # streams finished by cancellation since the last step
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(it.tokens) for it in self.items)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Scheduler:
@@ -172,20 +70,9 @@ class Scheduler:
     # --- requests ---------------------------------------------------------
 
     def add(self, prompt: list[int], n: int, max_new: int, retain: bool = True) -> Group:
-        """Queue a request of n streams; raise RequestError if it can never fit."""
-        if not prompt:
-            raise RequestError("the prompt is empty", "prompt")
-        if n > self.max_streams:
-            raise RequestError(
-                f"n={n} streams asked for; this engine runs at most {self.max_streams} (--parallel)", "n"
-            )
+        """Queue a request of n streams (checked by the engine: it fits); QueueFullError when the queue is full."""
         group = Group(list(prompt), n, max_new, retain=retain and n == 1)
-        if group.reserve > self.n_ctx:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens plus {n} x {max_new} new tokens needs {group.reserve} KV cells; "
-                f"the context holds {self.n_ctx} (raise --ctx-size, or lower max_tokens)",
-                "max_tokens",
-            )
+        assert prompt and 1 <= n <= self.max_streams and group.reserve <= self.n_ctx, "the engine checks requests"
         if self.max_queue is not None and self._queued() >= self.max_queue:
             raise QueueFullError(f"the queue is full ({self.max_queue} waiting requests); retry shortly")
         for i in range(n):
@@ -228,7 +115,9 @@ class Scheduler:
 
     # --- the step ---------------------------------------------------------
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> StepPlan:
+        """Plan the next step; `drafts` (stream id -> draft tokens) ride along with their streams' next token."""
+        drafts = drafts or {}
         finished = self._apply_cancellations()
         self._admit()
         self._trim_retained()
@@ -240,11 +129,10 @@ class Scheduler:
         spare = budget - n_decoding
         for s in self.running:
             if not self._blocked(s) and len(s.tokens) - s.n_computed == 1:
-                draft = s.draft[: max(0, spare)]
+                draft = drafts.get(s.id, [])[: max(0, spare)]
                 spare -= len(draft)
                 items.append(BatchItem(s, [s.tokens[-1], *draft], s.n_computed, self._samplers(s), len(draft)))
                 budget -= 1 + len(draft)
-            s.draft = []
         # Then prompt chunks, oldest first, in what budget is left.
         for s in self.running:
             left = len(s.tokens) - s.n_computed
@@ -259,7 +147,22 @@ class Scheduler:
         ops, self._ops = self._ops, []
         return StepPlan(ops, items, finished)
 
-    def complete(self, plan: StepPlan) -> None:
+    def postprocess(self, plan: StepPlan, outputs: list[StepOutput]) -> list[Stream]:
+        """After the decode: the plan's batch is in the KV cache; apply each stream's output; return the ended ones."""
+        self._complete(plan)
+        ended = []
+        for out in outputs:
+            s = out.stream
+            if out.n_rejected > 0:
+                s.n_computed -= out.n_rejected
+                self._ops.append(KvOp("rm", s.seq, s.n_computed, -1))
+            s.tokens.extend(out.tokens)
+            if out.status is not None:
+                self.finish(s, out.status)
+                ended.append(s)
+        return ended
+
+    def _complete(self, plan: StepPlan) -> None:
         """Record that the plan's batch is now in the KV cache."""
         for it in plan.items:
             s = it.stream
@@ -273,16 +176,6 @@ class Scheduler:
                     child.n_computed = s.n_computed
                     child.n_cached = s.n_cached
                     child.fork_pending = False
-
-    def reject(self, stream: Stream, n: int) -> None:
-        """Drop the last n computed positions (rejected drafts); their cells go at the next step."""
-        if n > 0:
-            stream.n_computed -= n
-            self._ops.append(KvOp("rm", stream.seq, stream.n_computed, -1))
-
-    def append(self, stream: Stream, token: int) -> None:
-        """Add a sampled token; the next step feeds it to the model."""
-        stream.tokens.append(token)
 
     def finish(self, stream: Stream, status: Status) -> None:
         """End a running stream; its sequence is retained or queued for removal."""

@@ -1,7 +1,9 @@
 """Speculation inside the engine's step: who drafts how much, drafting, and verification.
 
-The engine calls propose() before planning a step (it sets each stream's draft) and
-verify() after the decode for every stream whose batch item carried drafts.
+The engine calls propose() before planning a step; the drafts it returns (by stream id)
+go to the scheduler, which puts them into the plan's batch items. After the decode the
+engine calls verify() for every item that carried drafts. Per-stream state lives here,
+keyed by stream id, from attach() to detach().
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.engine.scheduler import BatchItem, Stream
+from edgeinfer.engine.stats import SpecStats
 from edgeinfer.llamacpp import Context, ContextParams, Model
-from edgeinfer.params import EngineConfig, SamplingParams
-from edgeinfer.scheduler import BatchItem, Stream
-from edgeinfer.spec.control import Acceptance, Candidate, Controller, Gate
-from edgeinfer.spec.draft import DraftModel, DraftRequest
-from edgeinfer.spec.ngram import NgramIndex
-from edgeinfer.spec.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
+from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.speculative.control import Acceptance, Candidate, Controller, Gate
+from edgeinfer.speculative.draft import DraftModel, DraftRequest
+from edgeinfer.speculative.ngram import NgramIndex
+from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
 
 PRIOR_ALPHA = {"ngram": 0.5, "draft": 0.7}
 
@@ -75,30 +78,40 @@ class Speculator:
         self.gate = Gate()
         self.counters = SpecCounters(config.spec_max)
         self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
+        self.states: dict[int, SpecState] = {}  # by stream id
 
-    def attach(self, params: SamplingParams, prompt: list[int], index: int) -> SpecState | None:
-        """Speculation state for a new stream; None where speculation cannot be lossless here."""
-        if params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
-            return None  # penalties depend on every emitted token; the verifiers do not model them
+    def attach(self, stream: Stream, params: SamplingParams) -> None:
+        """Start tracking a new stream, where speculation can be lossless for it."""
+        if params.has_penalties:
+            return  # penalties depend on every emitted token; the verifiers do not model them
         if params.logprobs is not None:
-            return None
+            return
         ngram = None
         if self.source == "ngram":
             ngram = NgramIndex()
-            ngram.extend(prompt)
-        seed = None if params.seed is None else params.seed + index
-        return SpecState(params, ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
+            ngram.extend(stream.tokens)
+        seed = None if params.seed is None else params.seed + stream.index
+        self.states[stream.id] = SpecState(params, ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
+
+    def detach(self, stream: Stream) -> None:
+        """The stream has ended."""
+        self.states.pop(stream.id, None)
+
+    def drafted_for(self, stream_id: int) -> tuple[int, int]:
+        """(drafted, accepted) tokens of one stream so far."""
+        st = self.states.get(stream_id)
+        return (st.drafted, st.accepted) if st is not None else (0, 0)
 
     # --- before the step ----------------------------------------------------
 
-    def propose(self, running: list[Stream], prefill_tokens: int) -> None:
-        """Set s.draft for decoding streams worth drafting for."""
+    def propose(self, running: list[Stream], prefill_tokens: int) -> dict[int, list[int]]:
+        """Drafts (by stream id) for the decoding streams worth drafting for."""
         decoding = [s for s in running if not s.fork_pending and len(s.tokens) - s.n_computed == 1]
         cands: list[Candidate] = []
         by_id: dict[int, Stream] = {}
         ngram_drafts: dict[int, list[int]] = {}
         for s in decoding:
-            st: SpecState | None = s.payload.spec
+            st = self.states.get(s.id)
             room = min(self.max_draft, s.max_new - s.n_generated - 1)
             # The first token always comes from the plain path: it may feed forked streams too.
             if st is None or room <= 0 or s.n_generated == 0:
@@ -112,9 +125,9 @@ class Speculator:
             cands.append(Candidate(s.id, st.accept.alpha, room))
             by_id[s.id] = s
         if not cands:
-            return
+            return {}
         if self.adaptive and not self.gate.allows(len(decoding)):
-            return
+            return {}
         if self.adaptive:
             base = len(decoding) + prefill_tokens
             plan = self.controller.plan(cands, base, len(decoding), self.drafter is not None)
@@ -122,23 +135,22 @@ class Speculator:
             plan = {c.key: c.available for c in cands}
         plan = {key: k for key, k in plan.items() if k > 0}
         if not plan:
-            return
+            return {}
         if self.source == "ngram":
-            for key, k in plan.items():
-                by_id[key].draft = ngram_drafts[key][:k]
-            return
+            return {key: ngram_drafts[key][:k] for key, k in plan.items()}
         assert self.drafter is not None
         reqs = []
         for key, k in plan.items():
-            s = by_id[key]
-            p = s.payload.spec.params
-            reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, s.payload.spec.rng))
+            s, st = by_id[key], self.states[key]
+            p = st.params
+            reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, st.rng))
         drafts = self.drafter.draft(reqs, self.controller.draft.observe)
+        out = {}
         for key in plan:
-            s = by_id[key]
-            d = drafts[s.seq]
-            s.draft = d.tokens
-            s.payload.spec.q = d.q
+            d = drafts[by_id[key].seq]
+            out[key] = d.tokens
+            self.states[key].q = d.q
+        return out
 
     # --- after the decode -----------------------------------------------------
 
@@ -151,9 +163,8 @@ class Speculator:
 
     def verify(self, ctx: Context, item: BatchItem, sampler: Any) -> list[int]:
         """The tokens to emit for a stream whose item carried drafts (accepted drafts, then one more)."""
-        s = item.stream
-        st: SpecState = s.payload.spec
-        draft = item.tokens[1:]
+        st = self.states[item.stream.id]
+        draft = item.draft
         k = len(draft)
         row0 = item.row0
         p = st.params
@@ -182,22 +193,21 @@ class Speculator:
         return out
 
     def emitted(self, s: Stream, tokens: list[int]) -> None:
-        st: SpecState | None = s.payload.spec
+        st = self.states.get(s.id)
         if st is not None and st.ngram is not None:
             st.ngram.extend(tokens)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SpecStats:
         c = self.counters
-        return {
-            "mode": self.mode,
-            "source": self.source,
-            "drafted": c.drafted,
-            "accepted": c.accepted,
-            "acceptance": c.accepted / c.drafted if c.drafted else None,
-            "acceptance_by_position": [a / d if d else None for a, d in zip(c.accepted_at, c.drafted_at, strict=True)],
-            "mean_accepted": c.accepted / c.verifications if c.verifications else None,
-            "verifications": c.verifications,
-        }
+        return SpecStats(
+            mode=self.mode,
+            source=self.source,
+            drafted=c.drafted,
+            accepted=c.accepted,
+            verifications=c.verifications,
+            drafted_at=list(c.drafted_at),
+            accepted_at=list(c.accepted_at),
+        )
 
     def close(self) -> None:
         if self.drafter is not None:

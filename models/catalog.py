@@ -48,7 +48,7 @@ def default_model_path() -> Path:
 
 
 def load_catalog() -> list[CatalogEntry]:
-    text = resources.files("edgeinfer.catalog").joinpath("catalog.toml").read_text()
+    text = resources.files("edgeinfer.models").joinpath("catalog.toml").read_text()
     return [CatalogEntry(name=name, **fields) for name, fields in tomllib.loads(text).items()]
 
 
@@ -71,3 +71,8 @@ def resolve_model(model: str | Path | None) -> Path:
     raise ModelFileError(
         f"{model}: no such file, and no catalog model of that name; run `edgeinfer models` to list them"
     )
+
+
+def model_id_of(path: Path) -> str:
+    """The id clients pass as `model`: the file name without .gguf."""
+    return path.name.removesuffix(".gguf")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeinfer.engine.prefix import common_prefix
 from edgeinfer.errors import ConfigError
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
-from edgeinfer.scheduler import common_prefix
-from edgeinfer.spec.verify import sampling_probs
+from edgeinfer.speculative.verify import sampling_probs
 
 
 @dataclass(slots=True)

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 import uvicorn
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.tui.app import Dashboard, make_dashboard
-from edgeinfer.tui.sources import EngineSource, SocketSource
+
+from .app import Dashboard, make_dashboard
+from .sources import EngineSource, SocketSource
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ def run_top(
     socket_path: str | Path | None, api_key: str | None, interval: float, run: RunApp = _run_in_terminal
 ) -> None:
     """`edgeinfer top`: the dashboard over a server's socket (the default one unless given)."""
-    from edgeinfer.server.run import default_socket_path
+    from edgeinfer.server.listen import default_socket_path
 
     path = Path(socket_path).expanduser() if socket_path else default_socket_path()
     run(make_dashboard(SocketSource(path, api_key, interval)))
@@ -67,7 +68,7 @@ def serve_with_dashboard(
 
     Quitting the dashboard stops the server as SIGTERM would: streams get grace_s to finish.
     """
-    from edgeinfer.server.run import bind_tcp, bind_unix_socket
+    from edgeinfer.server.listen import bind_tcp, bind_unix_socket
 
     sockets = [bind_unix_socket(socket_path)]
     try:

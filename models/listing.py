@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.gguf import GGUFInfo, read_gguf
-from edgeinfer.models import catalog_path, load_catalog, models_dir
+
+from .catalog import catalog_path, load_catalog, models_dir
+from .gguf import GGUFInfo, read_gguf
 
 
 def _params(n: int) -> str:
@@ -58,7 +59,7 @@ def list_models() -> None:
 
 
 def show_model(path: str) -> None:
-    from edgeinfer.models import resolve_model
+    from .catalog import resolve_model
 
     info = read_gguf(resolve_model(path))
     click.echo(f"{info.path}\n  name: {info.name}\n  {describe(info)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgeinfer.metrics import percentile
+from edgeinfer.engine.metrics import percentile
 
 
 @dataclass(slots=True)

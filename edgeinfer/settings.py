@@ -11,33 +11,34 @@ import os
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import platformdirs
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from edgeinfer.errors import ConfigError
+from edgeinfer.options import EngineConfig
 
 ENV = "EDGEINFER_CONFIG"
 
 
-class EngineSettings(BaseModel):
-    """The [engine] table: every key optional, nothing else allowed."""
+def _partial(model: type[BaseModel]) -> type[BaseModel]:
+    """The model's fields, each optional, with the same types and ranges; nothing else allowed."""
+    fields: dict[str, Any] = {}
+    for name, f in model.model_fields.items():
+        annotation: Any = f.annotation
+        if annotation in (Path, Path | None):
+            annotation = str  # a file path or catalog name, resolved when the config is built
+        if f.metadata:
+            annotation = Annotated[annotation, *f.metadata]
+        fields[name] = (annotation | None, Field(None, description=f.description))
+    strict = ConfigDict(extra="forbid", strict=True)
+    return create_model(f"{model.__name__}Settings", __config__=strict, **fields)
 
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-    parallel: int | None = Field(None, ge=1, le=128)
-    threads: int | None = Field(None, ge=0)
-    threads_batch: int | None = Field(None, ge=0)
-    batch_size: int | None = Field(None, ge=1)
-    ubatch_size: int | None = Field(None, ge=1)
-    ctx_size: int | None = Field(None, ge=64)
-    gpu_layers: int | None = Field(None, ge=-1)
-    flash_attn: Literal["auto", "on", "off"] | None = None
-    kv_type: Literal["f16", "q8_0", "q4_0"] | None = None
-    spec: Literal["off", "ngram", "draft", "auto"] | None = None
-    spec_max: int | None = Field(None, ge=1, le=32)
+# The [engine] table: every engine option (edgeinfer.options.EngineConfig), each optional.
+EngineSettings = _partial(EngineConfig)
 
 
 def config_path() -> Path:
@@ -63,13 +64,13 @@ def load(path: Path | None = None) -> dict[str, Any]:
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'engine'}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"{path}: {problems}; {fix}") from None
-    return settings.model_dump(exclude_none=True)
+    return settings.model_dump(exclude_none=True, mode="json")
 
 
 def save(settings: dict[str, Any], note: str, path: Path | None = None) -> Path:
     """Write the [engine] table, with a comment saying where the figures came from."""
     path = path or config_path()
-    body = tomli_w.dumps({"engine": EngineSettings.model_validate(settings).model_dump(exclude_none=True)})
+    body = tomli_w.dumps({"engine": EngineSettings.model_validate(settings).model_dump(exclude_none=True, mode="json")})
     head = (
         f"# Written by `edgeinfer bench --tune` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
         + "".join(f"# {line}\n" for line in note.splitlines())

@@ -9,6 +9,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import ModelLoadError, RequestError
+from edgeinfer.llamacpp import Model
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -37,6 +38,16 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ModelLoadError(f"the model's chat template does not parse ({e})") from None
         self.bos, self.eos = bos, eos
+
+    @classmethod
+    def for_model(cls, model: Model) -> ChatTemplate:
+        """The template a model carries in its GGUF (ChatML if none), with its BOS and EOS texts."""
+        vocab = model.vocab
+
+        def text(token: int) -> str:
+            return vocab.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+        return cls(model.chat_template(), bos=text(vocab.bos), eos=text(vocab.eos))
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         check_messages(messages)

@@ -1,4 +1,4 @@
-"""A trie over token ids: which held KV (kept or live) shares the longest prefix with a prompt."""
+"""Prefix matching: a trie over token ids (which held KV shares the longest prefix with a prompt)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,12 @@ class PrefixTrie:
                 break
             node, depth, best = child, depth + 1, min(owners)
         return best, depth
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -10,7 +10,7 @@ from typing import Any, Protocol, cast
 import click
 
 from edgeinfer.events import Chunk, Finish, StreamStats
-from edgeinfer.params import SamplingParams
+from edgeinfer.options import SamplingParams
 
 HELP = """commands:
   /reset   forget the conversation

@@ -2,58 +2,24 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 
+from edgeinfer.bench.options import BenchOptions
 from edgeinfer.bench.targets import EngineTarget, RawTarget, ServerTarget, Target
 from edgeinfer.bench.workloads import MAX_TOKENS, messages
+from edgeinfer.engine import make_engine
 from edgeinfer.errors import ConfigError
-from edgeinfer.params import EngineConfig
+from edgeinfer.options import EngineConfig
 
 
-@dataclass(slots=True)
-class BenchRequest:
-    """The bench command's own options (the engine options become an EngineConfig)."""
-
-    workload: str
-    concurrency: str
-    max_tokens: int | None
-    repeats: int
-    sockets: tuple[str, ...]
-    urls: tuple[str, ...]
-    remote_model: str | None
-    api_key: str | None
-    in_process: bool
-    raw: bool
-    quality: bool
-    ref_model: str | None
-    ref_kv_type: str
-    tune: bool
-    json_out: str | None
-    plot_out: str | None
-    dashboard: bool
-
-    def levels(self) -> list[int]:
-        if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", self.concurrency):
-            raise click.BadParameter(
-                f"{self.concurrency!r}: use comma-separated integers, e.g. 1,4,16", param_hint="--concurrency"
-            )
-        levels = [int(x) for x in self.concurrency.split(",")]
-        if min(levels) < 1 or levels != sorted(set(levels)):
-            raise click.BadParameter("levels must be positive and increasing, e.g. 1,2,4,8", param_hint="--concurrency")
-        return levels
-
-
-def run_bench(req: BenchRequest, config: EngineConfig, user_set: set[str], make_engine: Callable[..., Any]) -> None:
+def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> None:
+    """Run what the options ask for: a sweep (the default), --quality or --tune; print and save the results."""
     levels = req.levels()
     max_tokens = req.max_tokens if req.max_tokens is not None else MAX_TOKENS[req.workload]
-    if max_tokens < 2 or req.repeats < 1:
-        raise click.BadParameter("--max-tokens must be at least 2 and --repeats at least 1")
     remote = bool(req.sockets or req.urls)
     jobs = [name for name, on in (("--quality", req.quality), ("--tune", req.tune)) if on]
     if len(jobs) > 1 or (jobs and remote):
@@ -62,19 +28,17 @@ def run_bench(req: BenchRequest, config: EngineConfig, user_set: set[str], make_
         raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
     for option, dest in (("--json", req.json_out), ("--plot", req.plot_out)):
         if dest and dest != "-" and not Path(dest).expanduser().resolve().parent.is_dir():
-            raise click.BadParameter(f"{dest}: its folder does not exist; create it first", param_hint=option)
+            raise ConfigError(f"{option} {dest}: its folder does not exist; create it first")
     out_to_stdout = req.json_out == "-"
     echo = lambda line: click.echo(line, err=out_to_stdout)  # noqa: E731  # tables leave stdout to the JSON
 
     if req.quality:
-        _quality(req, config, make_engine, max_tokens if req.max_tokens is not None else 64, echo)
+        _quality(req, config, max_tokens if req.max_tokens is not None else 64, echo)
         return
     if req.tune:
-        _tune(req, config, user_set, make_engine, levels, max_tokens, echo)
+        _tune(req, config, user_set, levels, max_tokens, echo)
         return
 
-    if "spec" not in user_set:
-        config.spec = "off"  # the benchmark measures speculation only when asked
     servers = [
         ServerTarget(socket=Path(p).expanduser(), model=req.remote_model, api_key=req.api_key) for p in req.sockets
     ]
@@ -111,12 +75,12 @@ def run_bench(req: BenchRequest, config: EngineConfig, user_set: set[str], make_
         click.echo(f"wrote {req.plot_out}", err=True)
 
 
-def _sweep(req: BenchRequest, engine: Any, targets: list[Target], levels: list[int], max_tokens: int) -> Any:
+def _sweep(req: BenchOptions, engine: Any, targets: list[Target], levels: list[int], max_tokens: int) -> Any:
     from edgeinfer.bench.progress import BarProgress
     from edgeinfer.bench.sweep import SayProgress, run_sweep, runs_in
 
     if req.dashboard and engine is not None:
-        from edgeinfer.tui.run import bench_with_dashboard
+        from edgeinfer.tui.launch import bench_with_dashboard
 
         job = lambda say: run_sweep(targets, req.workload, levels, max_tokens, req.repeats, SayProgress(say))  # noqa: E731
         return bench_with_dashboard(engine, job)
@@ -135,19 +99,12 @@ def _engine_config(
     """The in-process engine: an edgeinfer server's own settings when measured beside one, else sized for the sweep."""
     info = servers[0].edgeinfer_info() if servers else None
     if info is not None:
-        m = info["model"]
-        return replace(
-            config,
-            model=Path(m["path"]),
-            ctx_size=m["ctx_size"],
-            parallel=m["parallel"],
-            kv_type=m["kv_type"],
-            gpu_layers=m["gpu_layers"],
+        m = info.model
+        return config.replace(
+            model=m.path, ctx_size=m.ctx_size, parallel=m.parallel, kv_type=m.kv_type, gpu_layers=m.gpu_layers
         )
-    config = replace(config, parallel=max(levels))
-    config.batch_size = max(config.batch_size, config.parallel)
+    config = config.replace(parallel=max(levels), batch_size=max(config.batch_size, max(levels)))
     _fit_ctx(config, user_set, workload, max(levels), max_tokens)
-    config.validate()
     return config
 
 
@@ -175,20 +132,16 @@ def kv_cells_needed(workload: str, streams: int, max_tokens: int) -> int:
 
 
 def _quality(
-    req: BenchRequest,
+    req: BenchOptions,
     config: EngineConfig,
-    make_engine: Callable[..., Any],
     max_tokens: int,
     echo: Callable[[str], None],
 ) -> None:
     from edgeinfer.bench.quality import compare, print_quality
-    from edgeinfer.models import resolve_model
 
-    config = replace(config, spec="off", parallel=16, batch_size=max(config.batch_size, 16))
-    reference = replace(
-        config, model=resolve_model(req.ref_model) if req.ref_model else config.model, kv_type=req.ref_kv_type
-    )
-    name = lambda c: f"{resolve_model(c.model).name}, KV {c.kv_type}"  # noqa: E731
+    config = config.replace(spec="off", parallel=16, batch_size=max(config.batch_size, 16))
+    reference = config.replace(model=req.ref_model or config.model, kv_type=req.ref_kv_type)
+    name = lambda c: f"{c.model.name}, KV {c.kv_type}"  # noqa: E731
     names = (name(reference), name(config))
     if names[0] == names[1]:
         click.echo(
@@ -208,22 +161,20 @@ def _quality(
 
 
 def _tune(
-    req: BenchRequest,
+    req: BenchOptions,
     config: EngineConfig,
     user_set: set[str],
-    make_engine: Callable[..., Any],
     levels: list[int],
     max_tokens: int,
     echo: Callable[[str], None],
 ) -> None:
-    from edgeinfer import config as settings_file
+    from edgeinfer import settings as settings_file
     from edgeinfer.bench.progress import BarProgress
     from edgeinfer.bench.tune import measured_tune, tune_runs
-    from edgeinfer.models import resolve_model
 
     _fit_ctx(config, user_set, req.workload, max(levels), max_tokens)
     with BarProgress(tune_runs(levels, req.repeats)) as bar:
-        result = measured_tune(config, make_engine, req.workload, levels, max_tokens, req.repeats, bar)
+        result = measured_tune(config, req.workload, levels, max_tokens, req.repeats, bar)
     echo(f"\ntuning on {req.workload}, {max_tokens} tokens per stream; aggregate tok/s at {result.parallel} streams")
     echo(f"parallel {result.parallel}: {result.knee_reason}")
     for setting in dict.fromkeys(t.setting for t in result.trials):
@@ -231,9 +182,9 @@ def _tune(
         chosen = result.chosen[setting]
         shown = "all cores" if setting == "threads" and chosen == 0 else chosen
         echo(f"  {setting:<10} {'   '.join(cells)}   -> {shown}")
-    model = resolve_model(config.model)
     note = (
-        f"{model.name}, workload {req.workload}: {result.tps:.1f} tok/s aggregate at {result.parallel} streams.\n"
+        f"{config.model.name}, workload {req.workload}: "
+        f"{result.tps:.1f} tok/s aggregate at {result.parallel} streams.\n"
         f"Settings tuned for this machine; the model is not saved (pass --model as usual)."
     )
     if "ctx_size" in user_set:

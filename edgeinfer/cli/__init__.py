@@ -1,0 +1,5 @@
+"""The `edgeinfer` command."""
+
+from edgeinfer.cli.commands import main
+
+__all__ = ["main"]

@@ -1,0 +1,269 @@
+"""The `edgeinfer` command: thin click wrappers that build a config and call a factory.
+
+Engine and sampling options come from edgeinfer.options through edgeinfer.cli.options;
+each command here parses, builds the config, calls the factory next to what it builds
+(make_engine, make_server, run_top, run_bench) and runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgeinfer.bench.options import BenchOptions
+from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
+from edgeinfer.errors import EdgeInferError
+
+
+def errors_as_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Show EdgeInferError as a one-line message and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EdgeInferError as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgeinfer")
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """edgeinfer: run local LLMs fast, many streams at once, on llama.cpp.
+
+    `serve` and `chat` start from the settings file that `bench --tune` writes
+    (~/.config/edgeinfer/config.toml, or $EDGEINFER_CONFIG); flags override it.
+    """
+    if ctx.invoked_subcommand in ("serve", "chat"):
+        from edgeinfer.settings import load
+
+        try:
+            settings = load()
+        except EdgeInferError as e:
+            raise click.ClickException(str(e)) from None
+        if settings:
+            ctx.default_map = {ctx.invoked_subcommand: settings}
+
+
+def _note_settings_file() -> None:
+    """Say which engine settings came from the settings file, if any did."""
+    ctx = click.get_current_context()
+    from_file = [
+        f"{name}={ctx.params[name]}"
+        for name in ctx.params
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT_MAP
+    ]
+    if from_file:
+        from edgeinfer.settings import config_path
+
+        click.echo(click.style(f"settings from {config_path()}: {' '.join(from_file)}", dim=True), err=True)
+
+
+@main.command()
+@engine_options("chat")
+@sampling_options()
+@click.option("--system", "-s", default=None, help="System prompt.")
+@click.option("--socket", "socket_path", default=None, help="Talk to a running `edgeinfer serve` on this socket.")
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
+@errors_as_messages
+def chat(system: str | None, socket_path: str | None, api_key: str | None, **kw: Any) -> None:
+    """Chat with a model in the terminal. /reset, /exit, /help."""
+    from edgeinfer.chat_repl import EngineBackend, SocketBackend, run_chat
+
+    params = sampling_params(kw)
+    _note_settings_file()
+    if socket_path:
+        run_chat(SocketBackend(socket_path, api_key), system, params)
+        return
+    from edgeinfer.engine import make_engine
+
+    config = engine_config(kw)
+    config.parallel = min(config.parallel, 2)  # one conversation at a time
+    click.echo(click.style("loading model...", dim=True), err=True)
+    engine = make_engine(config)
+    try:
+        run_chat(EngineBackend(engine), system, params)
+    finally:
+        engine.close()
+
+
+@main.command()
+@engine_options("serve")
+@click.option(
+    "--socket", "socket_path", default=None, help="Unix socket path [default: $XDG_RUNTIME_DIR/edgeinfer.sock]."
+)
+@click.option("--no-socket", is_flag=True, help="Serve TCP only (needs --port).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="TCP address, with --port.")
+@click.option("--port", type=int, default=None, help="Also serve TCP on this port (off by default).")
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
+@click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds streams get to finish on shutdown.")
+@click.option("--dashboard", is_flag=True, help="Show the live dashboard (`edgeinfer top`) in this terminal.")
+@errors_as_messages
+def serve(
+    socket_path: str | None,
+    no_socket: bool,
+    host: str,
+    port: int | None,
+    api_key: str | None,
+    grace: float,
+    dashboard: bool,
+    **kw: Any,
+) -> None:
+    """Serve the OpenAI API (chat, completions, models) on a Unix socket."""
+    from edgeinfer.server.app import make_server
+    from edgeinfer.server.listen import default_socket_path
+    from edgeinfer.server.listen import serve as run_server
+
+    _note_settings_file()
+    config = engine_config(kw)
+    if no_socket and port is None:
+        raise click.UsageError("--no-socket needs --port: there would be nothing to listen on")
+    if no_socket and dashboard:
+        raise click.UsageError("--dashboard reads the Unix socket; drop --no-socket")
+    path = None if no_socket else Path(socket_path).expanduser() if socket_path else default_socket_path()
+    app = make_server(config, api_key)
+    where = [f"unix:{path}"] if path else []
+    if port is not None:
+        where.append(f"http://{host}:{port}")
+    click.echo(f"edgeinfer: serving {config.model.name} on {' and '.join(where)} (Ctrl-C to stop)", err=True)
+    tcp = (host, port) if port is not None else None
+    if dashboard:
+        from edgeinfer.tui.launch import serve_with_dashboard
+
+        assert path is not None
+        serve_with_dashboard(app, path, tcp, grace, api_key)
+        return
+    run_server(app, path, tcp, grace_s=grace)
+
+
+@main.command()
+@engine_options("generate")
+@sampling_options()
+@click.argument("prompt")
+@click.option("-n", "n", type=click.IntRange(1, 128), default=1, show_default=True, help="Streams of this prompt.")
+@click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with texts and figures.")
+@errors_as_messages
+def generate(prompt: str, n: int, raw: bool, as_json: bool, **kw: Any) -> None:
+    """Generate a reply to PROMPT; -n K runs K streams of it in one packed batch."""
+    from edgeinfer.engine import make_engine
+    from edgeinfer.events import Chunk
+
+    sampling = sampling_params(kw)
+    config = engine_config(kw)
+    config = config.replace(parallel=max(config.parallel, n), batch_size=max(config.batch_size, n))
+    engine = make_engine(config)
+    try:
+        tokens = engine.tokenize(prompt) if raw else engine.chat_prompt([{"role": "user", "content": prompt}])
+        handles = engine.submit(tokens, sampling, n=n)
+        if as_json or n > 1:
+            finishes = [h.result() for h in handles]
+        else:
+            for ev in handles[0]:
+                if isinstance(ev, Chunk):
+                    click.echo(ev.text, nl=False)
+            click.echo()
+            finishes = [handles[0].result()]
+    finally:
+        engine.close()
+    from edgeinfer.chat_repl import stats_line
+
+    if as_json:
+        out = [
+            {"index": f.index, "text": f.text, "finish_reason": f.finish_reason, **f.stats.as_dict()} for f in finishes
+        ]
+        click.echo(json.dumps({"prompt": prompt, "n": n, "completions": out}, indent=2))
+        return
+    for f in finishes:
+        if n > 1:
+            click.echo(click.style(f"--- stream {f.index} ---", bold=True))
+            click.echo(f.text)
+        click.echo(click.style(stats_line(f.stats), dim=True), err=True)
+
+
+@main.command()
+@engine_options("bench")
+@options_from(BenchOptions)
+@click.pass_context
+@errors_as_messages
+def bench(ctx: click.Context, **kw: Any) -> None:
+    """Measure throughput, TTFT and inter-token latency at each concurrency; find the knee.
+
+    \b
+    Targets (the same workload drives each, side by side):
+      (default)        an in-process engine with the engine options
+      --socket PATH    an OpenAI server on a Unix socket: edgeinfer serve, llama-server...
+      --url URL        any OpenAI-compatible endpoint (llama-server, Ollama, vLLM)
+      --raw            beside the engine, a bare llama_decode loop (the engine's overhead)
+      --spec MODE      the engine with speculation MODE beside it with speculation off
+
+    \b
+    Other jobs:
+      --quality        greedy agreement of these settings with a reference (quantization, KV type)
+      --tune           sweep parallel, threads, batch size, KV type and speculation; save the
+                       best to the settings file that serve and chat read
+    """
+    from edgeinfer.bench.command import run_bench
+
+    user_set = {name for name in kw if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}
+    options = BenchOptions(**take(BenchOptions, kw))
+    if "spec" not in user_set:
+        kw["spec"] = "off"  # the benchmark measures speculation only when asked
+    run_bench(options, engine_config(kw), user_set)
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=None, help="The server's socket [default: serve's default].")
+@click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="The server's API key, if it has one.")
+@click.option("--interval", type=click.FloatRange(0.05, 60), default=1.0, show_default=True, help="Seconds per update.")
+@errors_as_messages
+def top(socket_path: str | None, api_key: str | None, interval: float) -> None:
+    """Live dashboard of a running `edgeinfer serve`: tok/s, latencies, KV cache, streams. q quits, ? helps."""
+    from edgeinfer.tui.launch import run_top
+
+    run_top(socket_path, api_key, interval)
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+@errors_as_messages
+def models(ctx: click.Context) -> None:
+    """List the model catalog and the model files present."""
+    if ctx.invoked_subcommand is None:
+        from edgeinfer.models.listing import list_models
+
+        list_models()
+
+
+@models.command("show")
+@click.argument("path")
+@errors_as_messages
+def models_show(path: str) -> None:
+    """Print what a GGUF file's metadata says."""
+    from edgeinfer.models.listing import show_model
+
+    show_model(path)
+
+
+@models.command("quantize")
+@click.argument("src")
+@click.argument("dst", type=click.Path(dir_okay=False))
+@click.argument("qtype")
+@errors_as_messages
+def models_quantize(src: str, dst: str, qtype: str) -> None:
+    """Write a copy of SRC at precision QTYPE (F16, Q8_0, Q4_0, Q4_K_M...) to DST."""
+    from edgeinfer.llamacpp import quantize
+    from edgeinfer.models.catalog import resolve_model
+
+    source = resolve_model(src)
+    click.echo(f"quantizing {source} to {qtype.upper()} -> {dst}", err=True)
+    quantize(source, Path(dst), qtype)
+    click.echo(f"wrote {dst}")

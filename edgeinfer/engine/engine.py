@@ -1,0 +1,369 @@
+"""The engine: one thread runs draft -> schedule -> decode -> postprocess, packing every stream into one llama_decode.
+
+Callers submit requests from any thread (or an asyncio loop) and read events from a
+StreamHandle. All llama.cpp work happens on the engine thread; the scheduler is
+guarded by one lock that is never held during llama_decode.
+
+One step, and the layer that owns each part:
+  speculator.propose(running)      -> drafts by stream id            (edgeinfer.speculative)
+  scheduler.schedule(drafts)       -> StepPlan: KV ops, batch items  (scheduler.py)
+  ctx.decode(batch)                                                   (edgeinfer.llamacpp)
+  sample / verify each item        -> StepOutput per stream          (sampling.py, here)
+  scheduler.postprocess(plan, outs) -> the streams that ended
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
+from edgeinfer.engine.metrics import Metrics
+from edgeinfer.engine.requests import check_request
+from edgeinfer.engine.sampling import logprob, make_sampler
+from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput, StepPlan, Stream
+from edgeinfer.engine.stats import EngineStats, build_stats
+from edgeinfer.engine.template import ChatTemplate
+from edgeinfer.engine.text import TextStream
+from edgeinfer.errors import EdgeInferError, EngineClosedError
+from edgeinfer.events import Finish
+from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
+from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.speculative.speculator import Speculator
+
+
+def make_engine(config: EngineConfig) -> Engine:
+    """The one factory the CLI, the server, the benchmark and the tests use."""
+    return Engine(config)
+
+
+class Engine:
+    """Runs many streams of one model, packed into one llama_decode per step."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_path = config.model
+        self.model = Model(config.model, gpu_layers=config.gpu_layers)
+        keep = config.parallel if config.keep_prefixes is None else config.keep_prefixes
+        ctx_params = ContextParams(
+            n_ctx=config.ctx_size,
+            n_batch=config.batch_size,
+            n_ubatch=config.ubatch_size,
+            n_seq_max=config.parallel + keep,
+            n_threads=config.threads,
+            n_threads_batch=config.threads_batch,
+            flash_attn=config.flash_attn,
+            kv_type=config.kv_type,
+        )
+        self.spec: Speculator | None = None
+        self.spec_error: str | None = None
+        self.spec_enabled = True
+        try:
+            self.ctx = Context(self.model, ctx_params)
+            if config.spec != "off":
+                self.spec = Speculator(config, self.model, ctx_params)
+        except BaseException:
+            if getattr(self, "ctx", None) is not None:
+                self.ctx.close()
+            self.model.close()
+            raise
+        self.vocab = self.model.vocab
+        self.template = ChatTemplate.for_model(self.model)
+        self.n_ctx = self.ctx.n_ctx
+        self.default_max_tokens = max(256, self.n_ctx // config.parallel)
+        self.sched = Scheduler(
+            n_ctx=self.n_ctx,
+            max_streams=config.parallel,
+            n_seq_ids=config.parallel + keep,
+            token_budget=self.ctx.n_batch,
+            max_retained=keep,
+            max_queue=config.max_queue,
+        )
+        self.metrics = Metrics()
+        self.delivery = Delivery(self.vocab, self.metrics)  # guarded by _lock
+        self._batch = Batch(self.ctx.n_batch)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._closing = False
+        self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
+        self._thread.start()
+
+    # --- public API -------------------------------------------------------
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, add_special=True, parse_special=special)
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Render messages with the model's template and tokenize (special tokens parsed)."""
+        text = self.template.render(messages, add_generation_prompt=True)
+        bos = self.template.bos
+        if self.vocab.add_bos and bos and text.startswith(bos):
+            text = text[len(bos) :]  # the tokenizer adds BOS itself
+        return self.vocab.tokenize(text, add_special=True, parse_special=True)
+
+    def submit(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        n: int = 1,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> list[StreamHandle]:
+        """Queue a request of n streams of one prompt; returns a handle per stream at once.
+
+        Pass `loop` (or use asubmit) to read the handles with `async for`. A request that can
+        never be served raises RequestError here, before anything is queued.
+        """
+        params = params or SamplingParams()
+        tokens = (self.tokenize(prompt) if prompt else []) if isinstance(prompt, str) else list(prompt)
+        max_new = check_request(tokens, n, params, self)
+        t_submit = time.perf_counter()
+        with self._lock:
+            if self._closing:
+                raise EngineClosedError("the engine is shutting down; no new requests are taken")
+            group = self.sched.add(tokens, n, max_new)
+            handles = []
+            for s in group.streams:
+                h = StreamHandle(s.id, s.index, self.cancel, loop)
+                sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens)
+                self.delivery.open(Live(s, h, params, sampler, TextStream(params.stop), t_submit))
+                if self.spec is not None:
+                    self.spec.attach(s, params)
+                handles.append(h)
+            self.metrics.requests += 1
+            self._wake.notify()
+        return handles
+
+    async def asubmit(
+        self, prompt: str | list[int], params: SamplingParams | None = None, n: int = 1
+    ) -> list[StreamHandle]:
+        return self.submit(prompt, params, n, loop=asyncio.get_running_loop())
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Finish:
+        """One stream, to the end: the simplest call."""
+        return self.submit(prompt, params)[0].result()
+
+    def cancel(self, handle: StreamHandle) -> None:
+        with self._lock:
+            live = self.delivery.live.get(handle.id)
+            if live is not None and not live.stream.status.finished:
+                self.sched.cancel(live.stream)
+                self._wake.notify()
+
+    def reset_prefixes(self) -> None:
+        """Forget the KV of finished streams (the chat's /reset)."""
+        with self._lock:
+            self.sched.evict_all()
+            self._wake.notify()
+
+    def set_speculation(self, on: bool) -> None:
+        """Turn drafting on or off at run time (benchmarks compare both on one engine)."""
+        self.spec_enabled = on
+
+    def run_exclusive(self, fn: Callable[[Context], Any]) -> Any:
+        """Run fn(ctx) on the engine thread while no stream runs, after dropping kept prefixes.
+
+        For baselines that drive llama.cpp directly (the benchmark's raw loop): the same
+        context and the same OS thread, so both share one set of compute threads.
+        """
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closing:
+                raise EngineClosedError("the engine is closed")
+            self.sched.evict_all()
+            self._exclusive.append((fn, future))
+            self._wake.notify()
+        return future.result()
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until no stream is running or waiting (tests, benchmarks)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._lock:
+                if not self.sched.running and not self.sched.waiting:
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def snapshot(self) -> EngineStats:
+        """The engine now: model, load, KV, rates, latencies, speculation, streams."""
+        with self._lock:
+            return build_stats(self)
+
+    def close(self) -> None:
+        """Cancel everything, stop the engine thread and free llama.cpp's memory."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            for live in self.delivery.live.values():
+                self.sched.cancel(live.stream)
+            self._wake.notify()
+        self._thread.join()
+        if self.spec is not None:
+            self.spec.close()
+        self._batch.close()
+        self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the engine thread ------------------------------------------------
+
+    def _flush(self) -> None:
+        """Hand the step's events to each asyncio loop in one wake-up; cancel streams whose loop is gone."""
+        gone = self.delivery.outbox.flush()
+        if gone:
+            with self._lock:
+                for live in self.delivery.live.values():
+                    if live.handle.loop in gone:
+                        self.sched.cancel(live.stream)
+
+    def _run(self) -> None:
+        while True:
+            self._flush()
+            with self._lock:
+                while not self.sched.has_work() and not self._closing and not self._exclusive:
+                    self._wake.wait()
+                if self._closing and not self.sched.has_work():
+                    for _, fut in self._exclusive:
+                        fut.set_exception(EngineClosedError("the engine is closed"))
+                    return
+            # Drafting happens outside the lock: only this thread changes streams' tokens.
+            t_iter = time.perf_counter()
+            drafts = self._propose()
+            with self._lock:
+                plan = self.sched.schedule(drafts)
+                exclusive = None
+                if self._exclusive and not plan.items and not self.sched.running and not self.sched.waiting:
+                    exclusive = self._exclusive.pop(0)
+            if exclusive is not None:
+                self._step(plan)  # applies the queued KV removals first
+                self._flush()
+                fn, fut = exclusive
+                try:
+                    fut.set_result(fn(self.ctx))
+                except BaseException as e:
+                    fut.set_exception(e)
+                continue
+            try:
+                n_emitted = self._step(plan)
+            except BaseException as e:
+                self._fail_all(e)
+                continue
+            if self.spec is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
+                # A decode-only step: its whole time, drafting included, against what it emitted.
+                drafted = any(it.n_draft for it in plan.items)
+                self.spec.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
+
+    def _propose(self) -> dict[int, list[int]]:
+        if self.spec is None or not self.spec_enabled:
+            return {}
+        try:
+            return self.spec.propose(self.sched.running, self._prefill_estimate())
+        except BaseException as e:
+            self._drafter_failed(e)
+            return {}
+
+    def _step(self, plan: StepPlan) -> int:
+        """Apply the plan's KV edits, decode its batch and hand out the results; returns tokens emitted."""
+        for s in plan.finished:
+            self._finish_event(s)
+        for op in plan.kv_ops:
+            if op.kind == "rm":
+                self.ctx.seq_rm(op.seq, op.p0, op.p1)
+            else:
+                self.ctx.seq_cp(op.seq, op.dst, op.p0, op.p1)
+        if not plan.items:
+            return 0
+        batch = self._batch
+        batch.clear()
+        rows = []
+        for it in plan.items:
+            it.row0 = batch.n
+            rows.append(batch.add(it.stream.seq, it.tokens, it.pos0, bool(it.samplers), 0 if it.n_draft else -1))
+        t0 = time.perf_counter()
+        if not self.ctx.decode(batch):
+            self._kv_full(plan)
+            return 0
+        t1 = time.perf_counter()
+        if self.spec is not None:
+            self.spec.observe_step(plan.n_tokens, t1 - t0)
+        with self._lock:
+            outputs = []
+            for it, row in zip(plan.items, rows, strict=True):
+                if it.n_draft:
+                    outputs.append(self._verify(it, t1))
+                else:
+                    outputs.extend(self._sample(s, row, t1) for s in it.samplers)
+            for s in self.sched.postprocess(plan, outputs):
+                self._finish_event(s)
+            n_emitted = sum(len(out.tokens) for out in outputs)
+            self.metrics.step(n_emitted, plan.n_tokens, t1 - t0)
+        return n_emitted
+
+    def _verify(self, it: BatchItem, now: float) -> StepOutput:
+        """The accepted drafts and the target's own next token; the rejected drafts leave the KV."""
+        assert self.spec is not None
+        s = it.stream
+        out = self.spec.verify(self.ctx, it, self.delivery.live[s.id].sampler)
+        output = self.delivery.tokens(s, out, now, n_rejected=it.n_draft - (len(out) - 1))
+        if output.status is None:
+            self.spec.emitted(s, out)
+        return output
+
+    def _sample(self, s: Stream, row: int, now: float) -> StepOutput:
+        live = self.delivery.live[s.id]
+        token = live.sampler.sample(self.ctx, row)
+        lp = None
+        if live.params.logprobs is not None:
+            lp = logprob(self.ctx, self.vocab, row, token, live.params.logprobs)
+            live.logprobs.append(lp)
+        output = self.delivery.tokens(s, [token], now, lp=lp)
+        if output.status is None and self.spec is not None:
+            self.spec.emitted(s, [token])
+        return output
+
+    def _finish_event(self, s: Stream, error: str | None = None) -> None:
+        drafted, accepted = (0, 0)
+        if self.spec is not None:
+            drafted, accepted = self.spec.drafted_for(s.id)
+            self.spec.detach(s)
+        self.delivery.finish(s, drafted, accepted, error)
+
+    def _prefill_estimate(self) -> int:
+        """Prompt tokens the next step will likely carry (for the speculation cost model)."""
+        left = sum(len(s.tokens) - s.n_computed for s in self.sched.running if len(s.tokens) - s.n_computed > 1)
+        return min(left, self.ctx.n_batch)
+
+    def _drafter_failed(self, error: BaseException) -> None:
+        """Drafting broke (e.g. the draft context is full): go on without speculation."""
+        if self.spec is not None:
+            self.spec.close()
+        self.spec = None
+        self.spec_error = str(error)
+
+    def _kv_full(self, plan: StepPlan) -> None:
+        """llama.cpp found no room for the batch (fragmentation): end the youngest stream and go on."""
+        with self._lock:
+            self.sched.evict_all()
+            youngest = max((it.stream for it in plan.items), key=lambda s: s.id)
+            self.sched.finish(youngest, Status.LENGTH)
+            self._finish_event(youngest)
+            # Nothing of this batch entered the KV cache; the next step plans it again.
+
+    def _fail_all(self, error: BaseException) -> None:
+        """A step failed: end every running stream with the error; the engine keeps serving."""
+        message = str(error) if isinstance(error, EdgeInferError) else f"internal error: {error!r}"
+        with self._lock:
+            for s in list(self.sched.running):
+                self.sched.finish(s, Status.ERROR)
+                self._finish_event(s, message)

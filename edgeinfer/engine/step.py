@@ -1,0 +1,116 @@
+"""What a step is made of: streams and their status, requests, KV edits, batch items, the plan and the outputs.
+
+Plain dataclasses shared by the scheduler (which makes plans), the engine (which runs
+them) and speculation (which reads streams); no behaviour beyond a few derived figures.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Status(enum.IntEnum):
+    """Ordered so that `status >= Status.STOPPED` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    STOPPED = 2  # end-of-generation token or stop string
+    LENGTH = 3  # max_tokens or the context reached
+    CANCELLED = 4
+    ERROR = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= Status.STOPPED
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """One generation stream: one sequence id in the KV cache while it runs."""
+
+    id: int
+    group: Group
+    index: int  # position within its group (0..n-1)
+    tokens: list[int]  # prompt + generated; the KV holds tokens[:n_computed]
+    n_prompt: int
+    max_new: int  # generated tokens at most
+    status: Status = Status.WAITING
+    seq: int = -1  # llama.cpp sequence id, -1 before admission
+    n_computed: int = 0
+    n_cached: int = 0  # prompt tokens reused from retained KV instead of computed
+    fork_pending: bool = False  # waits for its group's leader to finish the prompt
+    cancel_requested: bool = False
+    share_src: Stream | None = None  # a live stream whose prompt prefix this one copies once computed
+    share_len: int = 0
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    """The streams of one request: `n` completions of one prompt, sharing its KV."""
+
+    prompt: list[int]
+    n: int
+    max_new: int
+    retain: bool = True  # keep the KV of a finished single stream for prefix reuse
+    streams: list[Stream] = field(default_factory=list)
+    n_live: int = 0
+
+    @property
+    def reserve(self) -> int:
+        """KV cells this request can occupy at most: the shared prompt, then n continuations."""
+        return len(self.prompt) + self.n * self.max_new
+
+
+@dataclass(slots=True)
+class KvOp:
+    """A KV-cache edit to apply before the batch: remove [p0, p1) of seq, or copy src to dst."""
+
+    kind: str  # "rm" or "cp"
+    seq: int
+    p0: int = -1
+    p1: int = -1
+    dst: int = -1
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """Tokens of one stream in the batch, and which streams sample from its last row."""
+
+    stream: Stream
+    tokens: list[int]
+    pos0: int  # position of tokens[0]
+    samplers: list[Stream]  # empty: no logits needed (a prompt chunk that is not the last)
+    n_draft: int = 0  # trailing draft tokens: every position after tokens[0] needs logits
+    row0: int = -1  # batch row of tokens[0], set when the batch is filled
+
+    @property
+    def draft(self) -> list[int]:
+        return self.tokens[len(self.tokens) - self.n_draft :] if self.n_draft else []
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one stream got from a step."""
+
+    stream: Stream
+    tokens: list[int]  # new tokens to append: accepted drafts, then the sampled one
+    n_rejected: int = 0  # computed positions to drop from the end (rejected drafts, or accepted ones after a stop)
+    status: Status | None = None  # set when the stream ends with this step
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """Everything the engine does in one step."""
+
+    kv_ops: list[KvOp]
+    items: list[BatchItem]
+    finished: list[Stream]  # streams finished by cancellation since the last step
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(it.tokens) for it in self.items)

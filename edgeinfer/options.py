@@ -1,0 +1,190 @@
+"""Every engine option and every sampling setting, declared once.
+
+Each field's type, range, default and help text live here and nowhere else. The CLI's
+flags (edgeinfer.cli.options), the settings file (edgeinfer.settings), the server's
+request schema (edgeinfer.server.schema) and the benchmark all derive from these two
+models, so a new option is one new field. Values are checked when a model is built:
+EngineConfig raises ConfigError naming the flag, SamplingParams raises RequestError
+naming the parameter, and the engine trusts what it is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edgeinfer.errors import ConfigError, RequestError
+
+SpecMode = Literal["off", "ngram", "draft", "auto"]
+KvType = Literal["f16", "q8_0", "q4_0"]
+FlashAttn = Literal["auto", "on", "off"]
+
+MAX_STOPS = 16  # stop strings per request
+MAX_STOP_CHARS = 256  # characters per stop string
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a field: parallel -> --parallel, ctx_size -> --ctx-size."""
+    return "--" + name.replace("_", "-")
+
+
+def _cli(*short: str, commands: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Field metadata for the CLI: short flags, and the commands that show the option (None: all)."""
+    return {"cli_short": list(short), "cli_commands": list(commands) if commands else None}
+
+
+def problems(e: ValidationError, name_of: Any = str) -> str:
+    """A ValidationError as one line: each bad field by the name the user typed, its value, and the rule."""
+    parts = []
+    for err in e.errors():
+        loc = [str(x) for x in err.get("loc", ())]
+        where = name_of(loc[0]) + "".join(f"[{x}]" for x in loc[1:]) if loc else "value"
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            parts.append(f"{where} is not a known option")
+        elif "input" in err and err.get("type") not in ("missing", "value_error") and loc:
+            parts.append(f"{where} {err['input']!r}: {msg}")
+        else:
+            parts.append(f"{where}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+class Options(BaseModel):
+    """Options a person sets by flag or in the settings file: a bad value raises ConfigError naming the flag."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise ConfigError(problems(e, flag)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as e:
+            raise ConfigError(problems(e, flag)) from None
+
+
+class EngineConfig(Options):
+    """How to load the model and size the engine. Every field is a command-line option."""
+
+    model: Path = Field(
+        None,  # type: ignore[assignment]  # resolved to the default model's path
+        validate_default=True,
+        description="GGUF file or catalog name [default: SmolLM2-135M-Instruct Q4_1].",
+        json_schema_extra=_cli("-m"),
+    )
+    parallel: int = Field(8, ge=1, le=128, description="Streams decoded together.", json_schema_extra=_cli("-p"))
+    ctx_size: int = Field(8192, ge=64, description="KV cells for all streams.", json_schema_extra=_cli("-c"))
+    batch_size: int = Field(512, ge=1, description="Tokens per decode step.", json_schema_extra=_cli("-b"))
+    ubatch_size: int = Field(512, ge=1, description="Tokens per physical compute pass.")
+    threads: int = Field(0, ge=0, description="CPU threads (0: all cores).", json_schema_extra=_cli("-t"))
+    threads_batch: int = Field(0, ge=0, description="CPU threads for prompt processing (0: as --threads).")
+    gpu_layers: int = Field(
+        0, ge=-1, description="Layers to offload to the GPU; -1: all.", json_schema_extra=_cli("-ngl")
+    )
+    flash_attn: FlashAttn = Field("auto", description="Flash attention.")
+    kv_type: KvType = Field("f16", description="KV cache precision.")
+    max_queue: int = Field(
+        64,
+        ge=0,
+        description="Waiting requests before new ones get 503.",
+        json_schema_extra=_cli(commands=("serve",)),
+    )
+    keep_prefixes: int | None = Field(
+        None, ge=0, description="Finished conversations whose KV is kept for reuse [default: --parallel]."
+    )
+    spec: SpecMode = Field("auto", description="Speculative decoding; auto drafts only where its measured costs pay.")
+    draft_model: Path | None = Field(None, description="Draft GGUF of the same vocabulary (for --spec draft/auto).")
+    spec_max: int = Field(8, ge=1, le=32, description="Draft tokens per stream per step at most.")
+    draft_p_min: float = Field(0.5, ge=0.0, lt=1.0, description="A draft model stops below this confidence.")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with some options changed, checked like a new config."""
+        return EngineConfig(**{**self.model_dump(), **changes})
+
+    @field_validator("model", "draft_model", mode="before")
+    @classmethod
+    def _resolve(cls, value: str | Path | None, info: Any) -> Path | None:
+        # Model names are resolved once, here: a path, a catalog name, or the default model.
+        if value is None and info.field_name == "draft_model":
+            return None
+        from edgeinfer.models.catalog import resolve_model
+
+        return resolve_model(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineConfig:
+        if self.batch_size < self.parallel:
+            raise ValueError(f"--batch-size {self.batch_size} must be at least --parallel ({self.parallel})")
+        if self.spec == "draft" and self.draft_model is None:
+            raise ValueError("--spec draft needs --draft-model PATH (a smaller model of the same vocabulary)")
+        return self
+
+
+class SamplingFields(BaseModel):
+    """The sampling settings a client may send; the server's request schema inherits these fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    temperature: float = Field(0.8, ge=0.0, le=2.0, allow_inf_nan=False, description="0 is greedy.")
+    top_k: int = Field(40, ge=0, description="Sample from the k most likely tokens (0: all).")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    min_p: float = Field(0.05, ge=0.0, le=1.0, description="Drop tokens below this share of the best one.")
+    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0, description="Penalty on recently seen tokens (1: off).")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Penalty growing with a token's count.")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Penalty on any token already present.")
+    repeat_last_n: int = Field(64, ge=0, description="Tokens the penalties look back over.")
+    seed: int | None = Field(None, ge=0, description="Seed for reproducible sampling.")
+    stop: Annotated[list[str], Field(max_length=MAX_STOPS)] = Field(
+        default_factory=list, description=f"Stop string (repeatable; at most {MAX_STOPS})."
+    )
+    ignore_eos: bool = Field(False, description="Generate exactly max_tokens, past end-of-text (benchmarks).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, values: Any) -> Any:
+        # Clients send `"temperature": null` to mean "your default".
+        if isinstance(values, dict):
+            return {k: v for k, v in values.items() if v is not None or k not in SAMPLING_FIELDS}
+        return values
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"each stop string must be 1 to {MAX_STOP_CHARS} characters")
+        return stops
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Penalties depend on every emitted token: the sampler must see the prompt, speculation must step aside."""
+        return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+
+SAMPLING_FIELDS = frozenset(SamplingFields.model_fields)
+
+
+class SamplingParams(SamplingFields):
+    """How one request samples, as the engine takes it; temperature 0 is greedy. Defaults follow llama.cpp's."""
+
+    max_tokens: int | None = Field(
+        None, ge=1, description="Tokens to generate at most [default: the engine's share of the context]."
+    )
+    logprobs: int | None = Field(None, ge=0, le=20, description="Log-probabilities of the top k alternatives.")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            first = e.errors()[0].get("loc", ("",))
+            raise RequestError(problems(e), str(first[0]) if first else None) from None

@@ -1,0 +1,79 @@
+"""GET /metrics: the engine's figures in Prometheus text format, read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from edgeinfer.engine.metrics import Histogram
+from edgeinfer.engine.stats import EngineStats
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    buckets = [(str(b), float(c)) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", float(h.n))]
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.total)
+
+
+class EngineCollector(Collector):
+    """Collects from whatever engine `get_engine` returns (None while the model loads)."""
+
+    def __init__(self, get_engine: Callable[[], Any]) -> None:
+        self._get_engine = get_engine
+
+    def collect(self) -> Iterator[Any]:
+        engine = self._get_engine()
+        if engine is None:
+            return
+        snap: EngineStats = engine.snapshot()
+        m = engine.metrics
+        req, kv, pc, spec = snap.requests, snap.kv, snap.prefix_cache, snap.spec
+        yield GaugeMetricFamily("edgeinfer_requests_running", "Streams being decoded.", value=req.running)
+        yield GaugeMetricFamily("edgeinfer_requests_waiting", "Streams queued for admission.", value=req.waiting)
+        yield CounterMetricFamily("edgeinfer_requests", "Requests received.", value=req.total)
+        finished = CounterMetricFamily("edgeinfer_streams_finished", "Streams finished, by reason.", labels=["reason"])
+        for reason, n in sorted(req.finished.items()):
+            finished.add_metric([reason], n)
+        yield finished
+        yield CounterMetricFamily(
+            "edgeinfer_prompt_tokens", "Prompt tokens of finished streams.", value=snap.tokens.prompt
+        )
+        yield CounterMetricFamily("edgeinfer_generation_tokens", "Tokens generated.", value=snap.tokens.generated)
+        yield CounterMetricFamily(
+            "edgeinfer_prompt_tokens_cached", "Prompt tokens served from kept KV.", value=pc.hit_tokens
+        )
+        yield CounterMetricFamily(
+            "edgeinfer_prompt_tokens_computed", "Prompt tokens computed.", value=pc.computed_tokens
+        )
+        yield CounterMetricFamily("edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=pc.evictions)
+        yield GaugeMetricFamily(
+            "edgeinfer_prefix_retained_cells", "KV cells of kept prefixes.", value=pc.retained_cells
+        )
+        if pc.hit_rate is not None:
+            yield GaugeMetricFamily(
+                "edgeinfer_prefix_hit_rate", "Share of prompt tokens from cache.", value=pc.hit_rate
+            )
+        yield GaugeMetricFamily("edgeinfer_kv_cells_used", "KV cells reserved or kept.", value=kv.used_cells)
+        yield GaugeMetricFamily("edgeinfer_kv_cells_total", "KV cells in the context.", value=kv.total_cells)
+        yield GaugeMetricFamily("edgeinfer_kv_usage_ratio", "Share of KV cells in use.", value=kv.usage)
+        yield CounterMetricFamily("edgeinfer_decode_steps", "llama_decode calls.", value=snap.steps.count)
+        yield CounterMetricFamily(
+            "edgeinfer_decode_seconds", "Seconds spent in llama_decode.", value=snap.steps.decode_seconds
+        )
+        if spec.mode != "off":
+            yield CounterMetricFamily("edgeinfer_spec_drafted_tokens", "Draft tokens verified.", value=spec.drafted)
+            yield CounterMetricFamily("edgeinfer_spec_accepted_tokens", "Draft tokens accepted.", value=spec.accepted)
+            yield CounterMetricFamily("edgeinfer_spec_verifications", "Drafts verified.", value=spec.verifications)
+            by_pos = GaugeMetricFamily(
+                "edgeinfer_spec_acceptance_by_position",
+                "Share of drafts accepted at each position.",
+                labels=["position"],
+            )
+            for i, rate in enumerate(spec.acceptance_by_position, start=1):
+                if rate is not None:
+                    by_pos.add_metric([str(i)], rate)
+            yield by_pos
+        yield _histogram("edgeinfer_time_to_first_token_seconds", "Submit to first token.", m.ttft_hist)
+        yield _histogram("edgeinfer_inter_token_latency_seconds", "Time between a stream's tokens.", m.itl_hist)
