@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import click
+import platformdirs
 
 from edgeinfer.events import Chunk, Finish, StreamStats
 from edgeinfer.options import SamplingParams
@@ -116,8 +120,54 @@ def stats_line(stats: StreamStats) -> str:
     return " · ".join(parts)
 
 
-def run_chat(backend: ChatBackend, system: str | None, params: SamplingParams) -> None:
+def history_path() -> Path:
+    """Where `edgeinfer chat` keeps the last conversation, for `--resume`."""
+    return platformdirs.user_data_path("edgeinfer") / "last-chat.json"
+
+
+def load_history(path: Path) -> list[dict[str, str]]:
+    """The saved conversation; EdgeInferError naming the file when there is none or it is unreadable."""
+    from edgeinfer.errors import EdgeInferError
+
+    try:
+        messages = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EdgeInferError(
+            f"no conversation to resume ({path} does not exist); start one with `edgeinfer chat`"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise EdgeInferError(f"cannot read the saved conversation {path} ({e}); delete it to start afresh") from None
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise EdgeInferError(f"{path} is not a saved conversation; delete it to start afresh")
+    return messages
+
+
+def save_history(path: Path, messages: list[dict[str, str]]) -> None:
+    """Write the conversation atomically (a crash mid-write leaves the previous one)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(messages, ensure_ascii=False, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # resuming is a convenience: a read-only home must not stop the chat
+
+
+def run_chat(
+    backend: ChatBackend,
+    system: str | None,
+    params: SamplingParams,
+    history: list[dict[str, str]] | None = None,
+    save_to: Path | None = None,
+) -> None:
+    """The REPL; with `history` it continues that conversation, with `save_to` it keeps it there after each reply."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    if history:
+        messages = history
+        turns = sum(m["role"] == "user" for m in history)
+        click.echo(click.style(f"resumed a conversation of {turns} turns; /reset starts a new one", dim=True))
     click.echo(click.style("type a message; /help for commands", dim=True))
     prompt = click.style("> ", fg="green", bold=True) if sys.stdout.isatty() else "> "
     while True:
@@ -153,6 +203,8 @@ def run_chat(backend: ChatBackend, system: str | None, params: SamplingParams) -
                 click.echo(click.style(f"error: {finish.error}", fg="red"))
             continue
         messages.append({"role": "assistant", "content": finish.text})
+        if save_to is not None:
+            save_history(save_to, messages)
         note = " · stopped" if finish.finish_reason == "cancelled" else ""
         click.echo(click.style(stats_line(finish.stats) + note, dim=True))
 

@@ -179,6 +179,7 @@ class ContextParams:
     n_threads_batch: int = 0
     flash_attn: str = "auto"
     kv_type: str = "f16"
+    kv_unified: bool = False  # one cell pool for all sequences; False: one KV stream of n_ctx / n_seq_max each
 
 
 class Context:
@@ -203,8 +204,9 @@ class Context:
         params.flash_attn_type = FLASH_ATTN[p.flash_attn]
         params.type_k = KV_TYPES[p.kv_type]
         params.type_v = KV_TYPES[p.kv_type]
-        # One cell pool for all sequences, so that seq_cp shares cells instead of copying.
-        params.kv_unified = True
+        # Unified: one cell pool, seq_cp shares cells, but attention walks every occupied cell for
+        # every token. Per sequence: each stream attends over its own cells only; seq_cp copies.
+        params.kv_unified = p.kv_unified
         params.no_perf = True
         self.model = model
         self._h = C.llama_init_from_model(model.handle, params)
@@ -215,6 +217,8 @@ class Context:
             )
         self._mem = C.llama_get_memory(self._h)
         self.n_ctx: int = C.llama_n_ctx(self._h)
+        self.n_ctx_seq: int = C.llama_n_ctx_seq(self._h)  # cells one sequence can hold
+        self.kv_unified = p.kv_unified
         self.n_batch: int = C.llama_n_batch(self._h)
         self.n_seq_max: int = C.llama_n_seq_max(self._h)
         self.n_vocab = model.vocab.n_tokens
@@ -242,7 +246,25 @@ class Context:
         return bool(C.llama_memory_seq_rm(self._mem, seq, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Copy src's positions [p0, p1) to dst. With a KV stream per sequence only whole streams copy
+        (llama.cpp aborts on a range), and the bytes move at the next decode."""
+        if not self.kv_unified:
+            assert p0 <= 0 and p1 < 0, "per-sequence KV copies whole streams"
         C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_state(self, seq: int) -> bytes:
+        """The KV of one sequence, serialized (llama_state_seq_get_data): positions, then K and V rows."""
+        size = C.llama_state_seq_get_size(self._h, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self._h, buf, size, seq)
+        if n != size:
+            raise DecodeError(f"saving sequence {seq}'s KV wrote {n} of {size} bytes")
+        return bytes(buf)
+
+    def set_seq_state(self, seq: int, data: bytes) -> bool:
+        """Load a serialized sequence into seq (replacing what it held); False when llama.cpp refuses it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return C.llama_state_seq_set_data(self._h, buf, len(data), seq) == len(data)
 
     def seq_pos_max(self, seq: int) -> int:
         """Largest position held for seq, -1 when it holds none."""

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from edgeinfer.errors import ConfigError, RequestError
 
 SpecMode = Literal["off", "ngram", "draft", "auto"]
+KvLayout = Literal["per-seq", "unified"]
 KvType = Literal["f16", "q8_0", "q4_0"]
 FlashAttn = Literal["auto", "on", "off"]
 
@@ -89,14 +90,19 @@ class EngineConfig(Options):
     )
     flash_attn: FlashAttn = Field("auto", description="Flash attention.")
     kv_type: KvType = Field("f16", description="KV cache precision.")
+    kv_layout: KvLayout = Field(
+        "per-seq",
+        description="per-seq: each stream attends over its own share (--ctx-size / --parallel) only; "
+        "unified: one pool, a stream may use the whole context but every stream reads every cell.",
+    )
+    cache_ram: int = Field(2048, ge=0, description="MiB of host RAM for finished conversations' KV (0: off).")
+    cache_dir: Path | None = Field(None, description="Also keep finished conversations' KV here, across restarts.")
+    cache_dir_max: int = Field(8192, ge=1, description="MiB the --cache-dir folder may hold.")
     max_queue: int = Field(
         64,
         ge=0,
         description="Waiting requests before new ones get 503.",
         json_schema_extra=_cli(commands=("serve",)),
-    )
-    keep_prefixes: int | None = Field(
-        None, ge=0, description="Finished conversations whose KV is kept for reuse [default: --parallel]."
     )
     spec: SpecMode = Field("auto", description="Speculative decoding; auto drafts only where its measured costs pay.")
     draft_model: Path | None = Field(None, description="Draft GGUF of the same vocabulary (for --spec draft/auto).")
@@ -106,6 +112,11 @@ class EngineConfig(Options):
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with some options changed, checked like a new config."""
         return EngineConfig(**{**self.model_dump(), **changes})
+
+    @field_validator("cache_dir", mode="after")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
 
     @field_validator("model", "draft_model", mode="before")
     @classmethod

@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
     engine = make_engine(
-        EngineConfig(parallel=len(PROMPTS), ctx_size=8192, keep_prefixes=0, flash_attn=args.flash_attn, spec="off")
+        EngineConfig(parallel=len(PROMPTS), ctx_size=8192, cache_ram=0, flash_attn=args.flash_attn, spec="off")
     )
     try:
         system = {"role": "system", "content": "You are a helpful assistant."}

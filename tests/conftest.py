@@ -80,3 +80,14 @@ def stop_process(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_user_dirs(tmp_path_factory):
+    """Caches (the KV disk tier), saved chats and the settings file go to a temporary home, never the user's."""
+    root = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        mp.setenv("XDG_DATA_HOME", str(root / "data"))
+        mp.setenv("EDGEINFER_CONFIG", str(root / "config" / "config.toml"))
+        yield root

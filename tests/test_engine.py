@@ -21,7 +21,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32, logprobs=5)
 
 def test_packed_streams_match_one_at_a_time(model_path):
     # No kept prefixes: each run computes its whole prompt, alone or packed.
-    with make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096, keep_prefixes=0)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096, cache_ram=0)) as eng:
         alone = [eng.generate(chat(eng, p), GREEDY) for p in PROMPTS]
         handles = [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]
         packed = [h.result() for h in handles]
@@ -102,7 +102,7 @@ def test_streamed_chunks_are_valid_utf8_when_characters_split_across_tokens(engi
 
 
 def test_cancel_frees_the_streams_kv(model_path):
-    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as eng:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, cache_ram=0)) as eng:
         handle = eng.submit(chat(eng, "Write a long essay about the ocean."), SamplingParams(max_tokens=500))[0]
         got, seq = 0, -1
         for ev in handle:
@@ -164,7 +164,7 @@ def test_multi_turn_chat_reuses_the_history_kv(engine):
 
 def test_prefix_reuse_gives_the_same_greedy_text(model_path):
     prompt_text = "Explain how rainbows form."
-    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as cold:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, cache_ram=0)) as cold:
         want = cold.generate(chat(cold, prompt_text), GREEDY)
     with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as warm:
         warm.generate(chat(warm, prompt_text), GREEDY)

@@ -22,7 +22,7 @@ def ask(engine: Engine, question: str, system: str = SYSTEM) -> list[int]:
 
 
 def test_shared_system_prompt_hits_match_no_cache_and_counters_add_up(model_path):
-    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, keep_prefixes=0)) as cold:
+    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, cache_ram=0)) as cold:
         want = [cold.generate(ask(cold, q), REF) for q in QUESTIONS]
     with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096)) as eng:
         got = [eng.generate(ask(eng, q), PLAIN) for q in QUESTIONS]
@@ -47,15 +47,21 @@ def test_divergence_mid_prefix_reuses_only_up_to_it(model_path):
     assert r.stats.cached_tokens == common
 
 
-def test_eviction_under_kv_pressure_leaves_live_streams_intact(model_path):
+def test_ram_tier_evicts_least_recently_used_and_leaves_live_streams_intact(model_path):
     long_q = "Write a long story about a baker who travels the world."
-    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, keep_prefixes=0)) as ref_engine:
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, cache_ram=0)) as ref_engine:
         want = ref_engine.generate(ask(ref_engine, long_q), SamplingParams(temperature=0, max_tokens=300, logprobs=5))
-    # A small context: kept prefixes must be evicted to admit new requests while the story runs.
-    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=1024, keep_prefixes=8)) as eng:
+    # 4 MiB of RAM holds two of these conversations (about 1.5 MiB each): saving more evicts the oldest.
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, cache_ram=4)) as eng:
         story = eng.submit(ask(eng, long_q), SamplingParams(temperature=0, max_tokens=300))[0]
         for i in range(6):
             eng.generate(ask(eng, f"Question {i}: {QUESTIONS[i % 3]}", system=f"Shop {i}. " + SYSTEM), PLAIN)
         got = story.result()
-        assert eng.sched.evictions > 0
+        cache = eng.snapshot().cache
+        assert cache.ram_evictions >= 3 and cache.ram_bytes <= 4 << 20
+        # The newest conversation is still there, the first one is gone.
+        newest = ask(eng, f"Question 5: {QUESTIONS[2]}", system="Shop 5. " + SYSTEM)
+        oldest = ask(eng, f"Question 0: {QUESTIONS[0]}", system="Shop 0. " + SYSTEM)
+        assert eng.generate(newest, PLAIN).stats.cached_tokens == len(newest) - 1
+        assert eng.generate(oldest, PLAIN).stats.cached_tokens == 0
     assert_same_or_near_tie(want, got)

@@ -1,17 +1,55 @@
-"""The scheduler without a model: hand-built steps, checking batches, KV ops and accounting."""
+"""The scheduler without a model: hand-built steps, checking batches, KV calls and accounting."""
 
 from types import SimpleNamespace
 
 import pytest
 
+from edgeinfer.engine.prefix import PrefixTrie
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.scheduler import Scheduler, Status, StepOutput
 from edgeinfer.errors import QueueFullError, RequestError
 from edgeinfer.options import SamplingParams
 
 
-def make(n_ctx=1000, streams=4, ids=None, budget=64, retained=0, queue=None):
-    return Scheduler(n_ctx, streams, ids or streams + retained, budget, retained, queue)
+class FakeKv:
+    """Records every call; keeps saved entries like the RAM tier (by tokens), restores what it holds."""
+
+    def __init__(self, per_seq=False, restorable=True):
+        self.calls = []
+        self.saved = {}
+        self.index = PrefixTrie()
+        self.per_seq = per_seq
+        self.restorable = restorable
+
+    def rm(self, seq, p0=0):
+        self.calls.append(("rm", seq, p0))
+
+    def share(self, src, dst, n):
+        self.calls.append(("share", src, dst, n))
+
+    def save(self, seq, tokens):
+        self.calls.append(("save", seq, list(tokens)))
+        key = len(self.saved)
+        self.saved[key] = list(tokens)
+        self.index.insert(key, tokens)
+
+    def longest(self, tokens):
+        return self.index.longest(tokens)
+
+    def restore(self, key, seq, n):
+        self.calls.append(("restore", key, seq, n))
+        return self.restorable
+
+    def copies_land_at_decode(self):
+        return self.per_seq
+
+    def take(self):
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def make(n_ctx=1000, streams=4, budget=64, queue=None, cells_per_seq=None, kv=None):
+    return Scheduler(kv or FakeKv(cells_per_seq is not None), n_ctx, streams, budget, cells_per_seq, queue)
 
 
 def sample_all(s, plan, token=7):
@@ -55,9 +93,9 @@ def test_parallel_limit_queues_in_order():
     s.schedule()
     assert [g.streams[0].status for g in groups] == [Status.RUNNING, Status.RUNNING, Status.WAITING]
     s.finish(groups[0].streams[0], Status.STOPPED)
-    plan = s.schedule()
+    assert ("rm", groups[0].streams[0].seq, 0) in s.kv.calls
+    s.schedule()
     assert groups[2].streams[0].status == Status.RUNNING
-    assert any(op.kind == "rm" and op.seq == groups[0].streams[0].seq for op in plan.kv_ops)
 
 
 def test_kv_reservation_blocks_admission_until_cells_free():
@@ -74,7 +112,7 @@ def test_kv_reservation_blocks_admission_until_cells_free():
 
 def test_requests_that_can_never_be_served_are_refused_at_the_door():
     engine = SimpleNamespace(n_ctx=100, config=SimpleNamespace(parallel=4), vocab=SimpleNamespace(n_tokens=50))
-    engine.default_max_tokens = 256
+    engine.default_max_tokens, engine.per_seq, engine.n_ctx_stream = 256, False, 100
     with pytest.raises(RequestError, match="max_tokens is 50, but only 40 tokens fit") as e:
         check_request([1] * 60, 1, SamplingParams(max_tokens=50), engine)
     assert e.value.param == "max_tokens"
@@ -88,6 +126,11 @@ def test_requests_that_can_never_be_served_are_refused_at_the_door():
         check_request([1] * 100, 1, SamplingParams(), engine)
     # Without max_tokens a stream gets what fits: 3 streams share 90 cells after a 10-token prompt.
     assert check_request([1] * 10, 3, SamplingParams(), engine) == 30
+    # With a KV stream per sequence each stream has its own 25 cells, prompt included.
+    engine.per_seq, engine.n_ctx_stream = True, 25
+    assert check_request([1] * 10, 3, SamplingParams(), engine) == 15
+    with pytest.raises(RequestError, match=r"a stream's share of the context holds 25 .*--kv-layout unified"):
+        check_request([1] * 30, 1, SamplingParams(), engine)
 
 
 def test_verified_drafts_and_an_early_stop_leave_only_the_kept_positions():
@@ -99,9 +142,10 @@ def test_verified_drafts_and_an_early_stop_leave_only_the_kept_positions():
     (item,) = plan.items
     assert item.tokens == [7, 20, 21, 22] and item.n_draft == 3 and item.draft == [20, 21, 22]
     # Two drafts accepted, the third rejected; the target's own token 30 follows.
+    s.kv.take()
     s.postprocess(plan, [StepOutput(st, [20, 21, 30], n_rejected=1)])
     assert st.tokens == [1, 2, 3, 7, 20, 21, 30] and st.n_computed == 6
-    assert [(op.kind, op.seq, op.p0) for op in s.schedule().kv_ops] == [("rm", st.seq, 6)]
+    assert s.kv.take() == [("rm", st.seq, 6)]
 
 
 def test_queue_bound():
@@ -122,23 +166,23 @@ def test_fork_children_share_the_prompt_and_sample_from_the_leader_row():
     assert len(plan.items) == 1  # only the leader prefills
     assert plan.items[0].samplers == g.streams
     sample_all(s, plan, 9)
-    plan = s.schedule()
     leader = g.streams[0]
-    cps = [op for op in plan.kv_ops if op.kind == "cp"]
-    assert [(op.seq, op.dst, op.p0, op.p1) for op in cps] == [(leader.seq, c.seq, 0, 4) for c in g.streams[1:]]
+    assert s.kv.take() == [("share", leader.seq, c.seq, 4) for c in g.streams[1:]]
+    plan = s.schedule()
     assert len(plan.items) == 3 and all(len(it.tokens) == 1 and it.pos0 == 4 for it in plan.items)
     assert s.cells_used == 4 + 3 * 4
 
 
 def test_cancel_frees_the_sequence_at_the_next_step():
-    s = make(retained=0)
+    s = make()
     g = s.add([1, 2, 3], 1, 8)
     run_step(s)
     st = g.streams[0]
     s.cancel(st)
+    s.kv.take()
     plan = s.schedule()
     assert plan.finished == [st] and st.status == Status.CANCELLED
-    assert [(op.kind, op.seq, op.p0, op.p1) for op in plan.kv_ops] == [("rm", st.seq, -1, -1)]
+    assert s.kv.take() == [("rm", st.seq, 0)]  # three tokens are too few to be worth saving
     assert not s.running and s.cells_used == 0 and st.seq in s.free_seqs
 
 
@@ -152,46 +196,53 @@ def test_cancel_while_waiting():
     assert plan.finished == [g.streams[0]] and not s.waiting
 
 
-def test_next_turn_continues_in_the_kept_sequence():
-    s = make(retained=2)
-    g = s.add([1, 2, 3, 4, 5], 1, 3)
-    run_step(s, 6)
-    run_step(s, 7)
+def test_an_ended_stream_is_saved_and_its_next_turn_restored_into_a_fresh_sequence():
+    s = make()
+    prompt = list(range(1, 21))
+    g = s.add(prompt, 1, 3)
+    run_step(s, 21)
+    run_step(s, 22)
     st = g.streams[0]
-    s.finish(st, Status.STOPPED)  # KV holds 1..6 (7 was sampled, never decoded)
-    assert s.retained[st.seq] == [1, 2, 3, 4, 5, 6]
-    g2 = s.add([1, 2, 3, 4, 5, 6, 7, 8, 9], 1, 3)  # the kept tokens are a prefix: take the sequence over
+    s.kv.take()
+    s.finish(st, Status.STOPPED)  # KV holds 1..21 (22 was sampled, never decoded)
+    assert s.kv.take() == [("save", st.seq, [*prompt, 21]), ("rm", st.seq, 0)]
+    assert st.seq in s.free_seqs and s.cells_used == 0  # the cells are free at once
+    g2 = s.add([*prompt, 21, 22, 23, 24], 1, 3)  # the saved tokens are a prefix: restore them
     plan = s.schedule()
     new = g2.streams[0]
-    assert new.seq == st.seq and new.n_cached == 6 and not s.retained
-    assert [(op.kind, op.seq, op.p0) for op in plan.kv_ops] == [("rm", st.seq, 6)]
-    assert plan.items[0].tokens == [7, 8, 9] and plan.items[0].pos0 == 6
-    assert s.prompt_tokens_cached == 6
+    assert s.kv.take() == [("restore", 0, new.seq, 21)]
+    assert new.n_cached == 21 and plan.items[0].tokens == [22, 23, 24] and plan.items[0].pos0 == 21
+    assert s.prompt_tokens_cached == 21
 
 
-def test_divergence_inside_a_kept_prefix_copies_up_to_it_and_keeps_the_entry():
-    s = make(retained=2)
+def test_a_prompt_parting_inside_a_saved_entry_restores_up_to_the_parting():
+    s = make()
     system = list(range(100, 140))  # a 40-token shared system prompt
     g = s.add([*system, 1, 2], 1, 2)
     run_step(s)
     s.finish(g.streams[0], Status.STOPPED)
-    kept = g.streams[0].seq
     g2 = s.add([*system, 7, 8, 9], 1, 2)
+    s.kv.take()
     plan = s.schedule()
     new = g2.streams[0]
-    assert new.seq != kept and new.n_cached == 40 and kept in s.retained
-    assert [(op.kind, op.seq, op.dst, op.p0, op.p1) for op in plan.kv_ops] == [("cp", kept, new.seq, 0, 40)]
-    assert plan.items[0].tokens == [7, 8, 9] and plan.items[0].pos0 == 40
+    assert s.kv.take() == [("restore", 0, new.seq, 40)]
+    assert new.n_cached == 40 and plan.items[0].tokens == [7, 8, 9] and plan.items[0].pos0 == 40
+
+
+def test_a_failed_restore_computes_the_prompt():
+    s = make(kv=FakeKv(restorable=False))
+    s.kv.save(0, list(range(50)))
+    g = s.add([*range(50), 99], 1, 2)
+    plan = s.schedule()
+    assert g.streams[0].n_cached == 0 and plan.items[0].pos0 == 0 and len(plan.items[0].tokens) == 51
 
 
 def test_short_shared_prefixes_are_computed_again():
-    s = make(retained=2)
-    g = s.add([1, 2, 3, 4, 5], 1, 2)
-    run_step(s)
-    s.finish(g.streams[0], Status.STOPPED)
+    s = make()
+    s.kv.save(0, list(range(1, 21)))
     g2 = s.add([1, 2, 3, 9, 9], 1, 2)
     s.schedule()
-    assert g2.streams[0].n_cached == 0 and len(s.retained) == 1
+    assert g2.streams[0].n_cached == 0 and not any(c[0] == "restore" for c in s.kv.calls)
 
 
 def test_concurrent_requests_sharing_a_prompt_prefix_compute_it_once():
@@ -202,10 +253,10 @@ def test_concurrent_requests_sharing_a_prompt_prefix_compute_it_once():
     # Only the first computes the shared prefix; the others wait for it.
     assert [it.stream for it in plan.items] == [groups[0].streams[0]]
     sample_all(s, plan, 7)
+    s.kv.take()
     plan = s.schedule()
-    cps = [(op.seq, op.dst, op.p1) for op in plan.kv_ops if op.kind == "cp"]
     leader = groups[0].streams[0]
-    assert cps == [(leader.seq, g.streams[0].seq, 50) for g in groups[1:]]
+    assert s.kv.take() == [("share", leader.seq, g.streams[0].seq, 50) for g in groups[1:]]
     # Each follower computes only its own two tokens.
     follower_items = [it for it in plan.items if it.stream is not leader]
     assert [(it.tokens, it.pos0) for it in follower_items] == [([201, 301], 50), ([202, 302], 50)]
@@ -213,44 +264,40 @@ def test_concurrent_requests_sharing_a_prompt_prefix_compute_it_once():
 
 
 def test_full_prompt_hit_recomputes_the_last_token():
-    s = make(retained=1)
-    g = s.add([1, 2, 3], 1, 2)
-    run_step(s)
-    s.finish(g.streams[0], Status.STOPPED)
-    s.add([1, 2, 3], 1, 2)
+    s = make()
+    s.kv.save(0, list(range(1, 31)))
+    s.add(list(range(1, 31)), 1, 2)
     plan = s.schedule()
-    assert plan.items[0].tokens == [3] and plan.items[0].pos0 == 2
+    assert plan.items[0].tokens == [30] and plan.items[0].pos0 == 29
 
 
-def test_retained_prefixes_are_evicted_lru_when_admission_needs_room():
-    s = make(n_ctx=40, streams=2, retained=2)
-    a = s.add([1] * 10, 1, 5)
-    run_step(s)
-    s.finish(a.streams[0], Status.STOPPED)
-    b = s.add([2] * 10, 1, 5)
-    run_step(s)
-    s.finish(b.streams[0], Status.STOPPED)
-    assert len(s.retained) == 2 and s.cells_used == 20  # each KV holds its 10 prompt tokens
-    c = s.add([3] * 20, 1, 10)  # needs 30 of 40, 20 free: evicting the oldest (a) is enough
-    plan = s.schedule()
-    assert c.streams[0].status == Status.RUNNING
-    assert s.evictions == 1 and list(s.retained) == [b.streams[0].seq]
-    assert [op.seq for op in plan.kv_ops if op.kind == "rm"] == [a.streams[0].seq]
-    assert s.cells_used == 40
+def test_unified_cache_waits_for_cells_and_per_sequence_streams_only_for_a_sequence():
+    s = make(n_ctx=100, streams=4)
+    a = s.add([1] * 30, 1, 30)  # reserves 60 of 100
+    b = s.add([2] * 20, 1, 30)  # needs 50: waits
+    s.schedule()
+    assert a.streams[0].status == Status.RUNNING and b.streams[0].status == Status.WAITING
+    per_seq = make(n_ctx=100, streams=4, cells_per_seq=25)
+    groups = [per_seq.add([k] * 10, 1, 15) for k in range(4)]  # each fits its own 25-cell stream
+    per_seq.schedule()
+    assert all(g.streams[0].status == Status.RUNNING for g in groups)
+    assert per_seq.cells_used == 4 * 25
 
 
-def test_retained_cells_stay_within_what_running_streams_reserve():
-    """Stale prefixes cost every decode step (attention reads every occupied cell), so they go
-    once streams run, least recently used first, down to what the running streams reserve."""
-    s = make(n_ctx=1600, streams=4, retained=8, budget=256)  # the floor is 1600 // 16 = 100 cells
-    groups = [s.add([10 + k] * 50, 1, 5) for k in range(4)]
-    run_step(s)
-    for g in groups:
-        s.finish(g.streams[0], Status.STOPPED)
-    assert len(s.retained) == 4 and s.evictions == 0  # nothing runs: idle prefixes cost nothing
-    newest = list(s.retained)[-1]
-    g = s.add([13] * 40 + [99] * 40, 1, 30)  # copies 40 tokens of the newest entry; reserves 110 cells
-    plan = s.schedule()
-    assert g.streams[0].n_cached == 40
-    assert s.evictions == 2 and list(s.retained)[-1] == newest  # 100 cells held: the two used last
-    assert [op.kind for op in plan.kv_ops] == ["cp", "rm", "rm"]  # the copy is made before cells are freed
+def test_a_sequence_in_a_copy_that_has_not_landed_is_neither_saved_nor_reused():
+    """With a KV stream per sequence, llama.cpp moves the bytes of a copy at the next decode: a state
+    saved before then would hold stale bytes, and bytes written into the copy's source or target
+    before then would be overwritten by the copy."""
+    s = make(streams=2, cells_per_seq=500)
+    system = list(range(100, 150))
+    leader = s.add([*system, 1], 1, 4).streams[0]
+    follower = s.add([*system, 2], 1, 4).streams[0]
+    sample_all(s, s.schedule())  # the leader computes the prefix
+    s.schedule()  # the follower copies it
+    assert ("share", leader.seq, follower.seq, 50) in s.kv.take()
+    s.cancel(follower)
+    s.schedule()  # before any decode: the follower ends
+    assert not any(c[0] == "save" for c in s.kv.calls)  # its bytes have not landed: nothing saved
+    assert follower.seq not in s.free_seqs  # and its sequence waits for the decode
+    s.postprocess(s.schedule(), [])
+    assert follower.seq in s.free_seqs

@@ -73,7 +73,7 @@ def test_kv_is_clean_after_rejections(model_path):
         longer = chat(eng, PROMPTS[0]) + first.token_ids[:-1]
         cont = eng.generate(longer, params)
         assert cont.stats.cached_tokens >= len(longer) - 2
-    with make_engine(EngineConfig(model=model_path, spec="off", keep_prefixes=0, **EXACT)) as fresh:
+    with make_engine(EngineConfig(model=model_path, spec="off", cache_ram=0, **EXACT)) as fresh:
         want = fresh.generate(longer, SamplingParams(temperature=0, max_tokens=60, logprobs=5))
     assert_same_or_near_tie(want, cont)
 

@@ -62,11 +62,16 @@ def model_lines(snap: EngineStats) -> list[str]:
     ]
 
 
+def fmt_bytes(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
 def kv_text(snap: EngineStats) -> str:
-    kv, pc = snap.kv, snap.prefix_cache
-    return (
-        f"{kv.used_cells} / {kv.total_cells} cells · {kv.retained_prefixes} kept prefixes ({pc.retained_cells} cells)"
-    )
+    """Cells in use, and the finished conversations saved behind them (RAM, disk) with their restores."""
+    kv, cache = snap.kv, snap.cache
+    text = f"{kv.used_cells} / {kv.total_cells} cells ({kv.layout}) · saved {cache.ram_entries} in RAM"
+    text += f", {cache.disk_entries} on disk" if cache.disk_budget_bytes else f", {fmt_bytes(cache.ram_bytes)}"
+    return text + f" · {cache.ram_hits + cache.disk_hits} restored"
 
 
 # --- the streams table ------------------------------------------------------

@@ -120,8 +120,9 @@ HELP = """\
 [b]TTFT[/b]            time to first token, p50 / p95 over the last minute of requests
 [b]ITL[/b]             inter-token latency: time between a stream's tokens, p50 / p95, last minute
 [b]spec. accepted[/b]  drafted tokens the model accepted ({dash} without speculation)
-[b]prefix cache[/b]    hit rate: prompt tokens found in the KV cache / all prompt tokens
-[b]KV cache[/b]        context cells in use; kept prefixes are finished prompts held for reuse
+[b]prefix cache[/b]    hit rate: prompt tokens restored or copied instead of computed / all prompt tokens
+[b]KV cache[/b]        cells running streams hold; finished conversations are saved to RAM (and disk)
+                and restored when a prompt continues them
 
 Streams are [green]decode[/green], [yellow]prefill[/yellow] (reading the prompt) or waiting for a slot.
 """

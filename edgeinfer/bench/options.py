@@ -13,7 +13,7 @@ from pydantic import Field
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import KvType, Options
 
-Workload = Literal["chat", "code-edit", "agent", "long-prefill"]
+Workload = Literal["chat", "code-edit", "agent", "multi-agent", "long-prefill"]
 
 
 def _cli(flag: str | None = None, envvar: str | None = None) -> dict[str, Any]:
@@ -26,7 +26,9 @@ class BenchOptions(Options):
     workload: Workload = Field("chat", description="Fixed prompt set (edgeinfer/bench/workloads.py).")
     concurrency: str = Field("1,2,4,8,16,32", description="Comma-separated stream counts.")
     max_tokens: int | None = Field(
-        None, ge=2, description="Tokens per stream [default: chat 128, code-edit 256, agent 64, long-prefill 32]."
+        None,
+        ge=2,
+        description="Tokens per stream [default: chat 128, code-edit 256, agent 64, multi-agent 48, long-prefill 32].",
     )
     repeats: int = Field(2, ge=1, description="Cold+warm run pairs per level; the best is kept.")
     sockets: list[str] = Field(

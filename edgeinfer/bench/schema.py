@@ -76,7 +76,7 @@ class Report(_Model):
     kind: Literal["sweep"] = "sweep"
     time: str
     machine: Machine
-    workload: Literal["chat", "code-edit", "agent", "long-prefill"]
+    workload: Literal["chat", "code-edit", "agent", "multi-agent", "long-prefill"]
     max_tokens: int
     repeats: int
     targets: list[Target]

@@ -149,6 +149,51 @@ def agent_conversation(i: int, tag: str = "", head: str = "") -> list[dict[str, 
     ]
 
 
+# Multi-agent: many agents, each with its own long history (nothing shared but the chat template),
+# coming back for a new turn: the distinct-context case, where each stream should pay for its own
+# context only.
+_PROJECTS = ["billing", "search", "payments", "auth", "reports", "mailer", "scheduler", "uploads"]
+
+
+def _log(i: int, turn: int) -> str:
+    """A tool result of about 190 tokens, different for every agent and turn."""
+    lines = [
+        f"{name}.py:{10 * k + turn + i % 7}: {verb} {obj} ({k + i} ms)"
+        for k, (name, verb, obj) in enumerate(
+            [
+                ("handlers", "called", "parse_request"),
+                ("models", "loaded", f"table_{i}_{turn}"),
+                ("views", "rendered", "index"),
+                ("cache", "missed", f"key:{i * 31 + turn}"),
+                ("worker", "queued", f"job-{i}-{turn}"),
+                ("db", "committed", "transaction"),
+                ("api", "returned", "200 OK"),
+                ("tests", "passed", f"{20 + i + turn} checks"),
+            ]
+        )
+    ]
+    return "Tool result:\n" + "\n".join(lines)
+
+
+def multi_agent_conversation(i: int, tag: str = "", head: str = "") -> list[dict[str, str]]:
+    """Agent i: its own system prompt and four earlier tool turns (about 1,000 tokens), then a new task."""
+    project = _PROJECTS[i % len(_PROJECTS)]
+    tools = _TOOLS[i % len(_TOOLS) :] + _TOOLS[: i % len(_TOOLS)]
+    system = (
+        f"{head}You are agent {i}, maintaining the {project} service (instance {i}). Answer every request with "
+        'exactly one tool call as JSON: {"tool": NAME, "arguments": {...}}. Tools:\n'
+        + "".join(f"- {name}: {doc} Arguments: {args}\n" for name, doc, args in tools)
+    )
+    conv = [{"role": "system", "content": system}]
+    for turn in range(4):
+        path = f"{project}/module_{i}_{turn}.py"
+        conv.append({"role": "user", "content": f"Step {turn + 1} of the {project} investigation: check {path}."})
+        conv.append({"role": "assistant", "content": f'{{"tool": "read_file", "arguments": {{"path": "{path}"}}}}'})
+        conv.append({"role": "user", "content": _log(i, turn)})
+    conv[-1]["content"] += f"\n\n{tag}{AGENT_TASKS[i % len(AGENT_TASKS)]}"
+    return conv
+
+
 # Long prefill: a long document and a one-line question.
 _DOC = " ".join(
     f"Section {i}: the committee met on day {i} and agreed on item {i * 7 % 23}, with {i % 5} objections noted."
@@ -156,7 +201,7 @@ _DOC = " ".join(
 )
 
 
-WORKLOADS = ("chat", "code-edit", "agent", "long-prefill")
+WORKLOADS = ("chat", "code-edit", "agent", "multi-agent", "long-prefill")
 
 
 def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[dict[str, str]]]:
@@ -172,6 +217,8 @@ def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[
         return [[{"role": "user", "content": f"{head}{tag}{code_edit_prompt(i)}"}] for i in range(n)]
     if workload == "agent":
         return [agent_conversation(i, tag, head) for i in range(n)]
+    if workload == "multi-agent":
+        return [multi_agent_conversation(i, tag, head) for i in range(n)]
     if workload == "long-prefill":
         ask = "In one sentence: on which day was item {} agreed?"
         return [[{"role": "user", "content": f"{head}{_DOC}\n\n{tag}{ask.format(i % 23)}"}] for i in range(n)]
@@ -179,7 +226,7 @@ def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[
 
 
 # Tokens generated per stream unless --max-tokens says otherwise: what each workload's answers need.
-MAX_TOKENS = {"chat": 128, "code-edit": 256, "agent": 64, "long-prefill": 32}
+MAX_TOKENS = {"chat": 128, "code-edit": 256, "agent": 64, "multi-agent": 48, "long-prefill": 32}
 
 
 def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[int]]:

@@ -18,6 +18,7 @@ import click
 from edgeinfer.bench.options import BenchOptions
 from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.options import EngineConfig
 
 
 def errors_as_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,26 +74,50 @@ def _note_settings_file() -> None:
 @click.option("--system", "-s", default=None, help="System prompt.")
 @click.option("--socket", "socket_path", default=None, help="Talk to a running `edgeinfer serve` on this socket.")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="With --socket: the server's API key.")
+@click.option("--resume", is_flag=True, help="Continue the last conversation (its KV comes back from disk).")
 @errors_as_messages
-def chat(system: str | None, socket_path: str | None, api_key: str | None, **kw: Any) -> None:
-    """Chat with a model in the terminal. /reset, /exit, /help."""
-    from edgeinfer.chat_repl import EngineBackend, SocketBackend, run_chat
+def chat(system: str | None, socket_path: str | None, api_key: str | None, resume: bool, **kw: Any) -> None:
+    """Chat with a model in the terminal. /reset, /exit, /help.
+
+    The conversation is kept after each reply, and its KV in the cache folder
+    (--cache-dir, by default ~/.cache/edgeinfer/kv), so `edgeinfer chat --resume` starts warm.
+    """
+    from edgeinfer.chat_repl import EngineBackend, SocketBackend, history_path, load_history, run_chat
 
     params = sampling_params(kw)
     _note_settings_file()
+    history = load_history(history_path()) if resume else None
     if socket_path:
-        run_chat(SocketBackend(socket_path, api_key), system, params)
+        run_chat(SocketBackend(socket_path, api_key), system, params, history, history_path())
         return
     from edgeinfer.engine import make_engine
 
+    if kw.get("cache_dir") is None:
+        kw["cache_dir"] = default_kv_dir()
     config = engine_config(kw)
     config.parallel = min(config.parallel, 2)  # one conversation at a time
-    click.echo(click.style("loading model...", dim=True), err=True)
+    click.echo(click.style(f"loading model... (KV: {kv_summary(config)})", dim=True), err=True)
     engine = make_engine(config)
     try:
-        run_chat(EngineBackend(engine), system, params)
+        run_chat(EngineBackend(engine), system, params, history, history_path())
     finally:
         engine.close()
+
+
+def default_kv_dir() -> Path:
+    """Where `chat` keeps conversations' KV unless --cache-dir says otherwise."""
+    import platformdirs
+
+    return platformdirs.user_cache_path("edgeinfer") / "kv"
+
+
+def kv_summary(config: EngineConfig) -> str:
+    """What the KV layout gives each stream, as llama.cpp will size it (rounded up to 256 cells)."""
+    pad = lambda n: -(-n // 256) * 256  # noqa: E731
+    if config.kv_layout == "unified":
+        return f"unified, {pad(config.ctx_size)} cells shared by up to {config.parallel} streams"
+    per = pad(pad(config.ctx_size) // config.parallel)
+    return f"per-seq, {config.parallel} streams of {per} cells each (--ctx-size / --parallel)"
 
 
 @main.command()
@@ -134,6 +159,7 @@ def serve(
     if port is not None:
         where.append(f"http://{host}:{port}")
     click.echo(f"edgeinfer: serving {config.model.name} on {' and '.join(where)} (Ctrl-C to stop)", err=True)
+    click.echo(f"edgeinfer: KV {kv_summary(config)}", err=True)
     tcp = (host, port) if port is not None else None
     if dashboard:
         from edgeinfer.tui.launch import serve_with_dashboard

@@ -22,6 +22,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
+from edgeinfer.engine.disk import DiskTier, file_identity
+from edgeinfer.engine.kvcache import ContextKv, KvStore
 from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
@@ -41,6 +43,20 @@ def make_engine(config: EngineConfig) -> Engine:
     return Engine(config)
 
 
+def make_store(config: EngineConfig, model: Model, ctx: Context) -> KvStore | None:
+    """The cache tiers: RAM (--cache-ram), and disk (--cache-dir) keyed by what makes KV bytes reusable."""
+    if config.cache_ram <= 0 and config.cache_dir is None:
+        return None
+    disk = None
+    if config.cache_dir is not None:
+        # Bytes restore only into the same model, KV type, layout and stream count (llama.cpp checks the
+        # shapes, not the weights; the file hash covers those).
+        layout = f"{config.kv_type}-{'unified' if ctx.kv_unified else f'per-seq{ctx.n_seq_max}'}-fa{config.flash_attn}"
+        identity = f"{file_identity(model.path)}-{layout}"
+        disk = DiskTier(config.cache_dir, identity, config.cache_dir_max << 20)
+    return KvStore(config.cache_ram << 20, disk)
+
+
 class Engine:
     """Runs many streams of one model, packed into one llama_decode per step."""
 
@@ -48,16 +64,16 @@ class Engine:
         self.config = config
         self.model_path = config.model
         self.model = Model(config.model, gpu_layers=config.gpu_layers)
-        keep = config.parallel if config.keep_prefixes is None else config.keep_prefixes
         ctx_params = ContextParams(
             n_ctx=config.ctx_size,
             n_batch=config.batch_size,
             n_ubatch=config.ubatch_size,
-            n_seq_max=config.parallel + keep,
+            n_seq_max=config.parallel,
             n_threads=config.threads,
             n_threads_batch=config.threads_batch,
             flash_attn=config.flash_attn,
             kv_type=config.kv_type,
+            kv_unified=config.kv_layout == "unified",
         )
         self.spec: Speculator | None = None
         self.spec_error: str | None = None
@@ -74,13 +90,16 @@ class Engine:
         self.vocab = self.model.vocab
         self.template = ChatTemplate.for_model(self.model)
         self.n_ctx = self.ctx.n_ctx
+        self.per_seq = not self.ctx.kv_unified
+        self.n_ctx_stream = self.ctx.n_ctx_seq if self.per_seq else self.n_ctx  # what one stream can hold
         self.default_max_tokens = max(256, self.n_ctx // config.parallel)
+        self.store = make_store(config, self.model, self.ctx)
         self.sched = Scheduler(
+            ContextKv(self.ctx, self.store),
             n_ctx=self.n_ctx,
             max_streams=config.parallel,
-            n_seq_ids=config.parallel + keep,
             token_budget=self.ctx.n_batch,
-            max_retained=keep,
+            cells_per_seq=self.ctx.n_ctx_seq if self.per_seq else None,
             max_queue=config.max_queue,
         )
         self.metrics = Metrics()
@@ -155,17 +174,17 @@ class Engine:
                 self._wake.notify()
 
     def reset_prefixes(self) -> None:
-        """Forget the KV of finished streams (the chat's /reset)."""
+        """Forget the saved KV of finished conversations held in RAM (the chat's /reset)."""
         with self._lock:
-            self.sched.evict_all()
-            self._wake.notify()
+            if self.store is not None:
+                self.store.clear()
 
     def set_speculation(self, on: bool) -> None:
         """Turn drafting on or off at run time (benchmarks compare both on one engine)."""
         self.spec_enabled = on
 
     def run_exclusive(self, fn: Callable[[Context], Any]) -> Any:
-        """Run fn(ctx) on the engine thread while no stream runs, after dropping kept prefixes.
+        """Run fn(ctx) on the engine thread while no stream runs (the KV cells are then empty).
 
         For baselines that drive llama.cpp directly (the benchmark's raw loop): the same
         context and the same OS thread, so both share one set of compute threads.
@@ -174,7 +193,6 @@ class Engine:
         with self._lock:
             if self._closing:
                 raise EngineClosedError("the engine is closed")
-            self.sched.evict_all()
             self._exclusive.append((fn, future))
             self._wake.notify()
         return future.result()
@@ -204,6 +222,8 @@ class Engine:
                 self.sched.cancel(live.stream)
             self._wake.notify()
         self._thread.join()
+        if self.store is not None:
+            self.store.close()
         if self.spec is not None:
             self.spec.close()
         self._batch.close()
@@ -274,14 +294,9 @@ class Engine:
             return {}
 
     def _step(self, plan: StepPlan) -> int:
-        """Apply the plan's KV edits, decode its batch and hand out the results; returns tokens emitted."""
+        """Decode the plan's batch and hand out the results; returns tokens emitted."""
         for s in plan.finished:
             self._finish_event(s)
-        for op in plan.kv_ops:
-            if op.kind == "rm":
-                self.ctx.seq_rm(op.seq, op.p0, op.p1)
-            else:
-                self.ctx.seq_cp(op.seq, op.dst, op.p0, op.p1)
         if not plan.items:
             return 0
         batch = self._batch
@@ -354,7 +369,6 @@ class Engine:
     def _kv_full(self, plan: StepPlan) -> None:
         """llama.cpp found no room for the batch (fragmentation): end the youngest stream and go on."""
         with self._lock:
-            self.sched.evict_all()
             youngest = max((it.stream for it in plan.items), key=lambda s: s.id)
             self.sched.finish(youngest, Status.LENGTH)
             self._finish_event(youngest)

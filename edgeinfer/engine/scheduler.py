@@ -1,4 +1,4 @@
-"""The scheduler: which tokens of which streams go into the next llama_decode.
+"""The scheduler: which tokens of which streams go into the next llama_decode, and who owns which KV.
 
 Pure Python; it knows nothing of llama.cpp. Each stream has `tokens` (prompt plus
 generated) and `n_computed`, the number of those already in the KV cache. A step
@@ -6,73 +6,104 @@ moves every running stream's `n_computed` towards `len(tokens)` under one token
 budget: a decoding stream needs one token, a new prompt takes what budget is left
 (chunked prefill), so there is no separate prefill phase.
 
-KV cells are accounted by reservation: a request reserves its prompt plus `n` times
-its `max_new` tokens when admitted, so a running stream can never run out of cells.
-Finished streams may be *retained*: their KV stays, keyed by the tokens it holds, so
-that a later prompt with the same prefix (the next chat turn) skips that prefill.
-Retained entries are evicted least recently used whenever admission needs the room,
-and while streams run they may hold no more cells than the running streams reserve (or
-1/16 of the context, if that is more): llama.cpp's attention reads every occupied cell
-for every stream, so a prefix nobody reuses slows every decode step.
+The KV cache holds running streams only. A stream that ends hands its KV to the cache
+tiers (`KvCache.save`: host RAM, then disk) and its sequence is freed at once; a new
+prompt that shares a saved prefix gets it restored (`KvCache.restore`), or, when a
+running stream computes the same prefix, copied from that stream once it is there.
+The scheduler moves ownership; the KvCache (the engine's, or a fake in tests) moves
+the bytes, right away, in the order the scheduler calls it.
+
+KV cells are accounted by reservation: a request reserves what it can occupy at most
+when admitted, so a running stream never runs out of cells. With one KV stream per
+sequence (`cells_per_seq`) each stream has its own fixed share and admission needs only
+a free sequence; with one unified cache the reservations share the context.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
+from typing import Protocol
 
 from edgeinfer.engine.prefix import PrefixTrie
-from edgeinfer.engine.step import BatchItem, Group, KvOp, Status, StepOutput, StepPlan, Stream
+from edgeinfer.engine.step import BatchItem, Group, Status, StepOutput, StepPlan, Stream
 from edgeinfer.errors import QueueFullError
 
-__all__ = ["BatchItem", "Group", "KvOp", "Scheduler", "Status", "StepOutput", "StepPlan", "Stream"]
+__all__ = ["BatchItem", "Group", "KvCache", "Scheduler", "Status", "StepOutput", "StepPlan", "Stream"]
 
-# Prefixes shorter than this are computed again rather than copied or waited for.
+# Prefixes shorter than this are computed again rather than restored, copied or waited for.
 MIN_SHARE = 16
 
 
+class KvCache(Protocol):
+    """What the scheduler asks of the KV cache and its tiers; each call takes effect at once, in call order."""
+
+    def rm(self, seq: int, p0: int = 0) -> None:
+        """Drop positions p0 and after of seq (p0 = 0: all of it)."""
+
+    def share(self, src: int, dst: int, n: int) -> None:
+        """dst holds src's first n positions from now on (dst was empty)."""
+
+    def save(self, seq: int, tokens: list[int]) -> None:
+        """Keep seq's KV, which holds `tokens`, in the tiers for a later prompt; seq is freed after."""
+
+    def longest(self, tokens: list[int]) -> tuple[int, int]:
+        """(entry key, length) of the saved entry sharing the longest prefix with tokens; (-1, 0) if none."""
+
+    def restore(self, key: int, seq: int, n: int) -> bool:
+        """seq (empty) holds the entry's first n positions from now on; False if the entry could not be read."""
+
+    def copies_land_at_decode(self) -> bool:
+        """True when share() moves bytes only at the next decode (one KV stream per sequence)."""
+
+
 class Scheduler:
-    """Holds waiting and running streams and plans each step."""
+    """Holds waiting and running streams, plans each step and hands out KV sequences."""
 
     def __init__(
         self,
+        kv: KvCache,
         n_ctx: int,
         max_streams: int,
-        n_seq_ids: int,
         token_budget: int,
-        max_retained: int = 0,
+        cells_per_seq: int | None = None,
         max_queue: int | None = None,
     ) -> None:
         if token_budget < max_streams:
             raise ValueError("token budget must be at least the number of streams")
-        if n_seq_ids < max_streams:
-            raise ValueError("need at least one sequence id per stream")
+        self.kv = kv
         self.n_ctx = n_ctx
         self.max_streams = max_streams
         self.token_budget = token_budget
-        self.max_retained = max_retained
+        self.cells_per_seq = cells_per_seq  # None: one unified cache of n_ctx cells
         self.max_queue = max_queue
         self.waiting: deque[Group] = deque()
         self.running: list[Stream] = []
-        self.free_seqs: list[int] = list(range(n_seq_ids - 1, -1, -1))
-        self.retained: OrderedDict[int, list[int]] = OrderedDict()  # seq -> tokens in its KV; oldest first
-        self.kept = PrefixTrie()  # the retained entries, by seq
+        self.free_seqs: list[int] = list(range(max_streams - 1, -1, -1))
         self.live = PrefixTrie()  # prompts of running streams, by stream id
         self._live_streams: dict[int, Stream] = {}
         self.reserved = 0  # cells reserved by admitted groups
-        self._ops: list[KvOp] = []
+        # Sequences in a copy whose bytes land at the next decode: not saved, not reused before it.
+        self._copying: set[int] = set()
+        self._quarantine: list[int] = []
         self._next_id = 0
         self._cancelled_waiting: list[Stream] = []
         # Counters for stats.
         self.prompt_tokens_cached = 0
         self.prompt_tokens_computed = 0
-        self.evictions = 0
 
     # --- requests ---------------------------------------------------------
 
+    def reserve_of(self, n_prompt: int, n: int, max_new: int) -> int:
+        """KV cells a request can occupy at most: per stream with a stream each, else the shared prompt once."""
+        if self.cells_per_seq is not None:
+            return n * (n_prompt + max_new)
+        return n_prompt + n * max_new
+
     def add(self, prompt: list[int], n: int, max_new: int, retain: bool = True) -> Group:
         """Queue a request of n streams (checked by the engine: it fits); QueueFullError when the queue is full."""
-        group = Group(list(prompt), n, max_new, retain=retain and n == 1)
-        assert prompt and 1 <= n <= self.max_streams and group.reserve <= self.n_ctx, "the engine checks requests"
+        group = Group(list(prompt), n, max_new, self.reserve_of(len(prompt), n, max_new), retain=retain and n == 1)
+        fits = len(prompt) + max_new <= (self.cells_per_seq or self.n_ctx) and group.reserve <= self.n_ctx
+        assert prompt and 1 <= n <= self.max_streams and fits, "the engine checks requests"
         if self.max_queue is not None and self._queued() >= self.max_queue:
             raise QueueFullError(f"the queue is full ({self.max_queue} waiting requests); retry shortly")
         for i in range(n):
@@ -108,10 +139,10 @@ class Scheduler:
 
     @property
     def cells_used(self) -> int:
-        return self.reserved + sum(len(t) for t in self.retained.values())
+        return self.reserved
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._ops or self._cancelled_waiting)
+        return bool(self.running or self.waiting or self._cancelled_waiting)
 
     # --- the step ---------------------------------------------------------
 
@@ -120,7 +151,6 @@ class Scheduler:
         drafts = drafts or {}
         finished = self._apply_cancellations()
         self._admit()
-        self._trim_retained()
         self._resolve_shares()
         items: list[BatchItem] = []
         budget = self.token_budget
@@ -144,18 +174,21 @@ class Scheduler:
             samplers = self._samplers(s) if chunk == left else []
             items.append(BatchItem(s, s.tokens[s.n_computed : s.n_computed + chunk], s.n_computed, samplers))
             budget -= chunk
-        ops, self._ops = self._ops, []
-        return StepPlan(ops, items, finished)
+        return StepPlan(items, finished)
 
     def postprocess(self, plan: StepPlan, outputs: list[StepOutput]) -> list[Stream]:
         """After the decode: the plan's batch is in the KV cache; apply each stream's output; return the ended ones."""
+        # The decode has landed every pending copy: those sequences may be saved and reused again.
+        self._copying.clear()
+        self.free_seqs.extend(self._quarantine)
+        self._quarantine.clear()
         self._complete(plan)
         ended = []
         for out in outputs:
             s = out.stream
             if out.n_rejected > 0:
                 s.n_computed -= out.n_rejected
-                self._ops.append(KvOp("rm", s.seq, s.n_computed, -1))
+                self.kv.rm(s.seq, s.n_computed)
             s.tokens.extend(out.tokens)
             if out.status is not None:
                 self.finish(s, out.status)
@@ -171,14 +204,14 @@ class Scheduler:
             self.prompt_tokens_computed += computed_prompt
             for child in it.samplers:
                 if child is not s:
-                    # The child shares the leader's prompt cells from now on.
-                    self._ops.append(KvOp("cp", s.seq, 0, s.n_computed, dst=child.seq))
+                    # The child holds the leader's prompt from now on.
+                    self._share(s.seq, child.seq, s.n_computed)
                     child.n_computed = s.n_computed
                     child.n_cached = s.n_cached
                     child.fork_pending = False
 
     def finish(self, stream: Stream, status: Status) -> None:
-        """End a running stream; its sequence is retained or queued for removal."""
+        """End a running stream; its KV goes to the cache tiers (or away) and its sequence is freed."""
         assert status.finished and stream.status == Status.RUNNING
         stream.status = status
         self.running.remove(stream)
@@ -187,14 +220,12 @@ class Scheduler:
         if stream.id in self.live:
             self.live.remove(stream.id)
             del self._live_streams[stream.id]
-        if group.retain and status != Status.ERROR and stream.n_computed > 0:
-            self._keep(stream.seq, stream.tokens[: stream.n_computed])
-        else:
-            self._release_seq(stream.seq)
+        keep = group.retain and status != Status.ERROR and stream.n_computed >= MIN_SHARE
+        if keep and stream.seq not in self._copying:
+            self.kv.save(stream.seq, stream.tokens[: stream.n_computed])
+        self._release_seq(stream.seq)
         if group.n_live == 0:
             self.reserved -= group.reserve
-        while len(self.retained) > self.max_retained:
-            self._evict_oldest()
 
     # --- internals --------------------------------------------------------
 
@@ -218,63 +249,29 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting:
             g = self.waiting[0]
-            if len(self.running) + g.n > self.max_streams or not self._try_admit(g):
+            if len(self.running) + g.n > self.max_streams or len(self.free_seqs) < g.n:
                 return
+            if self.n_ctx - self.reserved < g.reserve:
+                return  # unified cache: wait for running streams to free their cells
             self.waiting.popleft()
+            self._start(g)
 
-    def _trim_retained(self) -> None:
-        """While streams run, keep retained cells within what they reserve (least recently used out first)."""
-        if not self.running:
-            return
-        budget = max(self.reserved, self.n_ctx // 16)
-        held = sum(len(t) for t in self.retained.values())
-        while held > budget:
-            seq = next(iter(self.retained))
-            held -= len(self.retained[seq])
-            self._evict(seq)
-
-    def _try_admit(self, g: Group) -> bool:
-        # The longest prefix already held: by a kept (finished) sequence, or a live stream's prompt.
-        kept_seq, kept_len = self.kept.longest(g.prompt)
-        live_id, live_len = self.live.longest(g.prompt)
-        last = len(g.prompt) - 1  # the last prompt token is computed again: its logits start the reply
-        take_over = kept_seq >= 0 and kept_len >= live_len and kept_len == len(self.retained[kept_seq])
-        take_over = take_over and min(kept_len, last) > 0
-        keep_seq = kept_seq if take_over else -1
-        while True:
-            reclaim = len(self.retained[keep_seq]) if keep_seq >= 0 else 0
-            free_cells = self.n_ctx - self.cells_used + reclaim
-            free_ids = len(self.free_seqs) + (1 if keep_seq >= 0 else 0)
-            if free_cells >= g.reserve and free_ids >= g.n:
-                break
-            victims = [seq for seq in self.retained if seq != keep_seq]
-            if not victims:
-                return False
-            self._evict(victims[0])
+    def _start(self, g: Group) -> None:
         streams = [s for s in g.streams if s.status == Status.WAITING]
         leader = streams[0]
-        if take_over:
-            # The kept KV is a prefix of this prompt (the next turn of a chat): continue in it.
-            reuse = min(kept_len, last)
-            self._unkeep(kept_seq)
-            leader.seq = kept_seq
+        leader.seq = self.free_seqs.pop()
+        # The longest prefix already there: saved in the tiers, or a running stream's prompt.
+        last = len(g.prompt) - 1  # the last prompt token is computed again: its logits start the reply
+        key, saved_len = self.kv.longest(g.prompt)
+        live_id, live_len = self.live.longest(g.prompt)
+        reuse = min(saved_len, last)
+        if key >= 0 and reuse >= MIN_SHARE and saved_len >= live_len and self.kv.restore(key, leader.seq, reuse):
             leader.n_computed = leader.n_cached = reuse
             self.prompt_tokens_cached += reuse
-            self._ops.append(KvOp("rm", kept_seq, reuse, -1))
-        else:
-            leader.seq = self.free_seqs.pop()
-            kept_seq, kept_len = self.kept.longest(g.prompt)  # eviction may have dropped the match
-            if kept_seq >= 0 and min(kept_len, last) >= MIN_SHARE and kept_len >= live_len:
-                # Share a kept prefix: copy its cells, keep the entry for others.
-                reuse = min(kept_len, last)
-                self._ops.append(KvOp("cp", kept_seq, 0, reuse, dst=leader.seq))
-                self.retained.move_to_end(kept_seq)
-                leader.n_computed = leader.n_cached = reuse
-                self.prompt_tokens_cached += reuse
-            elif live_id >= 0 and min(live_len, last) >= MIN_SHARE:
-                # A running stream computes (or has computed) this prefix: copy it once it is there.
-                leader.share_src = self._live_streams[live_id]
-                leader.share_len = min(live_len, last)
+        elif live_id >= 0 and min(live_len, last) >= MIN_SHARE:
+            # A running stream computes (or has computed) this prefix: copy it once it is there.
+            leader.share_src = self._live_streams[live_id]
+            leader.share_len = min(live_len, last)
         for s in streams[1:]:
             s.seq = self.free_seqs.pop()
             s.fork_pending = True
@@ -284,7 +281,6 @@ class Scheduler:
         self.live.insert(leader.id, g.prompt)
         self._live_streams[leader.id] = leader
         self.reserved += g.reserve
-        return True
 
     def _resolve_shares(self) -> None:
         """Streams waiting for another's prompt prefix copy it as soon as it is computed."""
@@ -293,25 +289,22 @@ class Scheduler:
             if src is None:
                 continue
             if src.status == Status.RUNNING and src.n_computed >= s.share_len and src.share_src is None:
-                self._ops.append(KvOp("cp", src.seq, 0, s.share_len, dst=s.seq))
+                self._share(src.seq, s.seq, s.share_len)
                 s.n_computed = s.n_cached = s.share_len
                 self.prompt_tokens_cached += s.share_len
                 s.share_src = None
             elif src.status.finished:
                 s.share_src = None  # its source is gone: compute the prompt itself
 
+    def _share(self, src: int, dst: int, n: int) -> None:
+        self.kv.share(src, dst, n)
+        if self.kv.copies_land_at_decode():
+            self._copying.update((src, dst))
+
     @staticmethod
     def _blocked(s: Stream) -> bool:
         """Waiting for another stream's KV (a fork's leader, or a shared prefix)."""
         return s.fork_pending or s.share_src is not None
-
-    def _keep(self, seq: int, tokens: list[int]) -> None:
-        self.retained[seq] = tokens
-        self.kept.insert(seq, tokens)
-
-    def _unkeep(self, seq: int) -> None:
-        del self.retained[seq]
-        self.kept.remove(seq)
 
     @staticmethod
     def _samplers(s: Stream) -> list[Stream]:
@@ -321,18 +314,6 @@ class Scheduler:
         return [s] + [c for c in s.group.streams if c.fork_pending]
 
     def _release_seq(self, seq: int) -> None:
-        self._ops.append(KvOp("rm", seq))
-        self.free_seqs.append(seq)
-
-    def _evict(self, seq: int) -> None:
-        self._unkeep(seq)
-        self._release_seq(seq)
-        self.evictions += 1
-
-    def _evict_oldest(self) -> None:
-        self._evict(next(iter(self.retained)))
-
-    def evict_all(self) -> None:
-        """Drop every retained prefix (e.g. on /reset)."""
-        while self.retained:
-            self._evict_oldest()
+        self.kv.rm(seq)
+        # A sequence in a copy that has not landed yet must not take new bytes before the decode.
+        (self._quarantine if seq in self._copying else self.free_seqs).append(seq)

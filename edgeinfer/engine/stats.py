@@ -44,9 +44,10 @@ class RequestStats(_Stats):
 
 
 class KvStats(_Stats):
-    used_cells: int = 0  # reserved by running streams, or held by kept prefixes
+    layout: str = "?"  # per-seq (one KV stream per sequence) | unified
+    used_cells: int = 0  # reserved by running streams
     total_cells: int = 0
-    retained_prefixes: int = 0
+    cells_per_seq: int = 0  # what one stream can hold
 
     @property
     def usage(self) -> float:
@@ -59,11 +60,8 @@ class TokenStats(_Stats):
 
 
 class PrefixCacheStats(_Stats):
-    hit_tokens: int = 0  # prompt tokens served from kept KV
+    hit_tokens: int = 0  # prompt tokens whose KV was restored or copied instead of computed
     computed_tokens: int = 0  # prompt tokens computed
-    retained_prefixes: int = 0
-    retained_cells: int = 0
-    evictions: int = 0
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -71,6 +69,31 @@ class PrefixCacheStats(_Stats):
         """Prompt tokens found in the cache over all prompt tokens scheduled; None before the first prompt."""
         total = self.hit_tokens + self.computed_tokens
         return self.hit_tokens / total if total else None
+
+
+class CacheStats(_Stats):
+    """The tiers behind the KV cells: finished conversations' KV in host RAM and on disk."""
+
+    ram_entries: int = 0
+    ram_bytes: int = 0
+    ram_budget_bytes: int = 0
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_budget_bytes: int = 0
+    disk_error: str | None = None  # why the disk tier is off, if it is
+    ram_hits: int = 0  # restores served from RAM
+    disk_hits: int = 0  # restores read from disk
+    restores: int = 0
+    restore_failures: int = 0
+    restore_seconds: float = 0.0
+    saves: int = 0
+    save_seconds: float = 0.0
+    ram_evictions: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def restore_ms_mean(self) -> float | None:
+        return 1000 * self.restore_seconds / self.restores if self.restores else None
 
 
 class RateStats(_Stats):
@@ -149,6 +172,7 @@ class EngineStats(_Stats):
     kv: KvStats = KvStats()
     tokens: TokenStats = TokenStats()
     prefix_cache: PrefixCacheStats = PrefixCacheStats()
+    cache: CacheStats = CacheStats()
     rate: RateStats = RateStats()
     latency: LatencyStats = LatencyStats()
     steps: StepStats = StepStats()
@@ -203,15 +227,17 @@ def build_stats(engine: Any) -> EngineStats:
         requests=RequestStats(
             running=len(sched.running), waiting=sched.n_waiting, total=m.requests, finished=dict(m.finished)
         ),
-        kv=KvStats(used_cells=sched.cells_used, total_cells=engine.n_ctx, retained_prefixes=len(sched.retained)),
+        kv=KvStats(
+            layout=config.kv_layout,
+            used_cells=sched.cells_used,
+            total_cells=engine.n_ctx,
+            cells_per_seq=engine.ctx.n_ctx_seq,
+        ),
         tokens=TokenStats(prompt=m.prompt_tokens, generated=m.generated_tokens),
         prefix_cache=PrefixCacheStats(
-            hit_tokens=sched.prompt_tokens_cached,
-            computed_tokens=sched.prompt_tokens_computed,
-            retained_prefixes=len(sched.retained),
-            retained_cells=sum(len(t) for t in sched.retained.values()),
-            evictions=sched.evictions,
+            hit_tokens=sched.prompt_tokens_cached, computed_tokens=sched.prompt_tokens_computed
         ),
+        cache=engine.store.refresh_stats().model_copy() if engine.store is not None else CacheStats(),
         rate=RateStats(generated_tps_1s=m.generated_tps(1.0), generated_tps_10s=m.generated_tps(10.0)),
         latency=LatencyStats(**m.rolling()),
         steps=StepStats(count=m.steps, decode_seconds=m.decode_seconds),

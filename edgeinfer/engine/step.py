@@ -51,30 +51,15 @@ class Stream:
 
 @dataclass(slots=True, eq=False)
 class Group:
-    """The streams of one request: `n` completions of one prompt, sharing its KV."""
+    """The streams of one request: `n` completions of one prompt."""
 
     prompt: list[int]
     n: int
     max_new: int
-    retain: bool = True  # keep the KV of a finished single stream for prefix reuse
+    reserve: int  # KV cells this request can occupy at most
+    retain: bool = True  # save the KV of a finished single stream for prefix reuse
     streams: list[Stream] = field(default_factory=list)
     n_live: int = 0
-
-    @property
-    def reserve(self) -> int:
-        """KV cells this request can occupy at most: the shared prompt, then n continuations."""
-        return len(self.prompt) + self.n * self.max_new
-
-
-@dataclass(slots=True)
-class KvOp:
-    """A KV-cache edit to apply before the batch: remove [p0, p1) of seq, or copy src to dst."""
-
-    kind: str  # "rm" or "cp"
-    seq: int
-    p0: int = -1
-    p1: int = -1
-    dst: int = -1
 
 
 @dataclass(slots=True)
@@ -107,7 +92,6 @@ class StepOutput:
 class StepPlan:
     """Everything the engine does in one step."""
 
-    kv_ops: list[KvOp]
     items: list[BatchItem]
     finished: list[Stream]  # streams finished by cancellation since the last step
 

@@ -47,9 +47,25 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "edgeinfer_prompt_tokens_computed", "Prompt tokens computed.", value=pc.computed_tokens
         )
-        yield CounterMetricFamily("edgeinfer_prefix_evictions", "Kept prefixes evicted.", value=pc.evictions)
-        yield GaugeMetricFamily(
-            "edgeinfer_prefix_retained_cells", "KV cells of kept prefixes.", value=pc.retained_cells
+        cache = snap.cache
+        hits = CounterMetricFamily("edgeinfer_cache_hits", "KV restores, by the tier they came from.", labels=["tier"])
+        hits.add_metric(["ram"], cache.ram_hits)
+        hits.add_metric(["disk"], cache.disk_hits)
+        yield hits
+        entries = GaugeMetricFamily("edgeinfer_cache_entries", "Saved conversations, by tier.", labels=["tier"])
+        entries.add_metric(["ram"], cache.ram_entries)
+        entries.add_metric(["disk"], cache.disk_entries)
+        yield entries
+        size = GaugeMetricFamily("edgeinfer_cache_bytes", "Bytes of saved KV, by tier.", labels=["tier"])
+        size.add_metric(["ram"], cache.ram_bytes)
+        size.add_metric(["disk"], cache.disk_bytes)
+        yield size
+        yield CounterMetricFamily("edgeinfer_cache_restores", "KV restores.", value=cache.restores)
+        yield CounterMetricFamily(
+            "edgeinfer_cache_restore_seconds", "Seconds spent restoring KV.", value=cache.restore_seconds
+        )
+        yield CounterMetricFamily(
+            "edgeinfer_cache_ram_evictions", "Entries evicted from RAM.", value=cache.ram_evictions
         )
         if pc.hit_rate is not None:
             yield GaugeMetricFamily(

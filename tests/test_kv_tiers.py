@@ -1,0 +1,98 @@
+"""KV layouts and cache tiers on the real model: the same text either way, warm turns from RAM and from disk."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from edgeinfer.cli import main
+from edgeinfer.engine import make_engine
+from edgeinfer.errors import RequestError
+from edgeinfer.options import EngineConfig, SamplingParams
+
+from .conftest import assert_same_or_near_tie
+
+pytestmark = pytest.mark.model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, logprobs=5)
+SYSTEM = "You are a patient tutor. You explain things with short examples and you never use jargon. " * 3
+
+
+def turns(engine, *questions_and_answers):
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i, text in enumerate(questions_and_answers):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return engine.chat_prompt(messages)
+
+
+def test_per_sequence_and_unified_layouts_give_the_same_greedy_text(model_path):
+    questions = ["What is a noun?", "Why is the sea salty?", "Name a prime number.", "What is rain?"]
+    results = {}
+    for layout in ("unified", "per-seq"):
+        config = EngineConfig(model=model_path, parallel=4, ctx_size=4096, kv_layout=layout, spec="off")
+        with make_engine(config) as eng:
+            assert eng.snapshot().kv.layout == layout
+            handles = [eng.submit(turns(eng, q), GREEDY)[0] for q in questions]
+            results[layout] = [h.result() for h in handles]
+            if layout == "per-seq":
+                assert eng.ctx.n_ctx_seq == 1024 and eng.snapshot().kv.cells_per_seq == 1024
+    for a, b in zip(results["unified"], results["per-seq"], strict=True):
+        assert_same_or_near_tie(a, b)
+
+
+def test_a_prompt_longer_than_a_streams_share_is_a_clear_error(model_path):
+    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=1024)) as eng:
+        long_prompt = eng.tokenize("word " * 400)
+        with pytest.raises(RequestError, match="a stream's share of the context holds 256") as e:
+            eng.submit(long_prompt, SamplingParams(max_tokens=8))
+        assert e.value.param == "prompt" and "--kv-layout unified" in str(e.value)
+    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=1024, kv_layout="unified")) as eng:
+        assert eng.generate(long_prompt, SamplingParams(max_tokens=4)).stats.completion_tokens == 4
+
+
+def test_the_next_turn_is_restored_from_ram_and_computes_only_its_own_tokens(model_path):
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096, spec="off")) as eng:
+        n_first = len(turns(eng, "What is a verb?"))
+        first = eng.generate(turns(eng, "What is a verb?"), GREEDY)
+        assert eng.snapshot().kv.used_cells == 0  # the cells were freed at once; the KV went to RAM
+        assert eng.snapshot().cache.ram_entries == 1
+        second_prompt = turns(eng, "What is a verb?", first.text, "Give one more example.")
+        second = eng.generate(second_prompt, GREEDY)
+        cache = eng.snapshot().cache
+    assert cache.restores == 1 and cache.ram_hits == 1
+    # Everything up to the end of the first reply came back; only the new turn was computed.
+    assert second.stats.cached_tokens >= n_first + len(first.token_ids) - 2
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096, cache_ram=0, spec="off")) as cold:
+        want = cold.generate(second_prompt, GREEDY)
+    assert_same_or_near_tie(want, second)
+
+
+def test_a_restarted_engine_with_a_cache_dir_starts_warm(model_path, tmp_path):
+    config = EngineConfig(model=model_path, parallel=2, ctx_size=4096, spec="off", cache_dir=tmp_path)
+    with make_engine(config) as eng:
+        prompt = turns(eng, "Explain what a fraction is.")
+        first = eng.generate(prompt, GREEDY)
+    assert list((tmp_path).rglob("*.kv"))  # written on the way out at the latest
+    with make_engine(config) as eng:
+        assert eng.snapshot().cache.disk_entries == 1
+        again = eng.generate(turns(eng, "Explain what a fraction is.", first.text, "And a decimal?"), GREEDY)
+        cache = eng.snapshot().cache
+    assert cache.disk_hits == 1 and again.stats.cached_tokens >= len(prompt)
+    # Another KV type cannot use these bytes: it starts cold, and says nothing is wrong.
+    with make_engine(config.replace(kv_type="q8_0")) as eng:
+        assert eng.snapshot().cache.disk_entries == 0
+        cold = eng.generate(turns(eng, "Explain what a fraction is.", first.text, "And a decimal?"), GREEDY)
+        assert cold.stats.cached_tokens == 0
+
+
+def test_chat_resume_continues_the_last_conversation_warm(tmp_path):
+    args = ["chat", "--temperature", "0", "--max-tokens", "16", "--cache-dir", str(tmp_path)]
+    first = CliRunner().invoke(main, args, input="My name is Ada.\n/exit\n")
+    assert first.exit_code == 0, first.output
+    resumed = CliRunner().invoke(main, [*args, "--resume"], input="What is my name?\n/exit\n")
+    assert resumed.exit_code == 0, resumed.output
+    assert "resumed a conversation of 1 turns" in resumed.output
+    stats = [ln for ln in resumed.output.splitlines() if "tokens" in ln and "tok/s" in ln]
+    assert "prompt tokens reused" in stats[-1]  # the first session's KV, read back from disk
+    missing = CliRunner(env={"XDG_DATA_HOME": str(tmp_path / "empty")}).invoke(main, ["chat", "--resume"])
+    assert missing.exit_code != 0 and "no conversation to resume" in missing.output
