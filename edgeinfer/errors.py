@@ -48,6 +48,13 @@ class EngineClosedError(EdgeInferError):
     code = "engine_closed"
 
 
+class EngineFailedError(EdgeInferError):
+    """The engine thread stopped on an error it could not recover from; the process must be restarted."""
+
+    http_status = 503
+    code = "engine_failed"
+
+
 class QueueFullError(EdgeInferError):
     """The waiting queue is at its bound; the client should retry later."""
 

@@ -12,6 +12,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as C
 import numpy as np
@@ -252,18 +253,23 @@ class Context:
             assert p0 <= 0 and p1 < 0, "per-sequence KV copies whole streams"
         C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
-    def seq_state(self, seq: int) -> bytes:
-        """The KV of one sequence, serialized (llama_state_seq_get_data): positions, then K and V rows."""
+    def seq_state(self, seq: int) -> bytearray:
+        """The KV of one sequence, serialized (llama_state_seq_get_data): positions, then K and V rows.
+
+        llama.cpp writes straight into the returned bytearray (no second copy of megabytes)."""
         size = C.llama_state_seq_get_size(self._h, seq)
-        buf = (ctypes.c_uint8 * size)()
-        n = C.llama_state_seq_get_data(self._h, buf, size, seq)
+        data = bytearray(size)
+        n = C.llama_state_seq_get_data(self._h, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
         if n != size:
             raise DecodeError(f"saving sequence {seq}'s KV wrote {n} of {size} bytes")
-        return bytes(buf)
+        return data
 
-    def set_seq_state(self, seq: int, data: bytes) -> bool:
+    def set_seq_state(self, seq: int, data: bytes | bytearray) -> bool:
         """Load a serialized sequence into seq (replacing what it held); False when llama.cpp refuses it."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if isinstance(data, bytearray):
+            buf: Any = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:  # read from disk: point at the bytes object's own buffer, llama.cpp only reads it
+            buf = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
         return C.llama_state_seq_set_data(self._h, buf, len(data), seq) == len(data)
 
     def seq_pos_max(self, seq: int) -> int:

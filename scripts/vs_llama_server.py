@@ -2,15 +2,16 @@
 
     python scripts/vs_llama_server.py --llama-server .llama-server/bin/llama-server
 
-Starts llama-server and `edgeinfer serve`, each on its own Unix socket in a temporary
-folder, with the same model, threads, context size, slots (--parallel) and batch sizes.
-Then for each workload it runs `edgeinfer bench`'s sweep against both (the same prompts,
-through the same OpenAI client, the two servers taking turns) and prints the tables:
-per server, then side by side (2/1 is edgeinfer over llama-server).
+Starts llama-server twice (with --kv-unified, and with its default of one KV stream per
+slot) and `edgeinfer serve`, each on its own Unix socket in a temporary folder, with the
+same model, threads, context size, slots (--parallel) and batch sizes. Then for each
+workload it runs `edgeinfer bench`'s sweep against all three (the same prompts, through the
+same OpenAI client, the servers taking turns) and prints the tables: per server, then side
+by side (k/1 is each server over the first).
 
 Build llama-server from the llama.cpp that llama-cpp-python vendors with
-scripts/build_llama_server.sh. Both servers stay up for the whole run; each is idle while
-the other is measured.
+scripts/build_llama_server.sh. The servers stay up for the whole run; each is idle while
+another is measured.
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def main() -> int:
     ap.add_argument("--llama-server", required=True, type=Path, help="The llama-server binary.")
     ap.add_argument("--model", default=None, help="GGUF file or catalog name (default: SmolLM2-135M Q4_1).")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--ctx-size", type=int, default=16384, help="KV cells, shared by all slots in both servers.")
+    ap.add_argument(
+        "--ctx-size", type=int, default=32768, help="KV cells in each server (per slot: this / --parallel)."
+    )
     ap.add_argument("--parallel", type=int, default=16, help="Slots / streams decoded together.")
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--spec", default="auto", help="edgeinfer's --spec (its default: auto).")
-    ap.add_argument("--workloads", default="chat,agent")
+    ap.add_argument("--workloads", default="chat,agent,multi-agent")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=None, help="Per stream (default: the workload's own).")
     ap.add_argument("--repeats", type=int, default=2)
@@ -88,25 +91,30 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-vs-") as tmp:
         folder = Path(tmp)
-        llama_sock, edge_sock = folder / "llama.sock", folder / "edgeinfer.sock"
-        llama_log, edge_log = folder / "llama-server.log", folder / "edgeinfer.log"
-        llama_cmd = [str(binary), "--model", str(model), "--host", str(llama_sock), *common]
-        llama_cmd += ["--kv-unified", "--no-webui"]
-        edge_cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--model", str(model), "--socket", str(edge_sock)]
-        edge_cmd += [*common, "--spec", args.spec]
-        print(f"llama-server: {' '.join(llama_cmd)}", file=sys.stderr)
-        print(f"edgeinfer:    {' '.join(edge_cmd)}", file=sys.stderr)
+        # llama-server twice: one unified KV cache, and one KV stream per slot (its default with
+        # --parallel); the better of the two is the bar.
+        unified_sock, slots_sock = folder / "llama-unified.sock", folder / "llama-slots.sock"
+        edge_sock = folder / "edgeinfer.sock"
+        base = [str(binary), "--model", str(model), *common, "--no-webui"]
+        commands = {
+            "llama-server --kv-unified": [*base, "--host", str(unified_sock), "--kv-unified"],
+            "llama-server": [*base, "--host", str(slots_sock)],
+            "edgeinfer": [
+                *[sys.executable, "-m", "edgeinfer.cli", "serve", "--model", str(model), "--socket", str(edge_sock)],
+                *[*common, "--spec", args.spec],
+            ],
+        }
+        sockets = {"llama-server --kv-unified": unified_sock, "llama-server": slots_sock, "edgeinfer": edge_sock}
+        for name, cmd in commands.items():
+            print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
         procs = []
         try:
-            with llama_log.open("wb") as ll, edge_log.open("wb") as el:
-                procs.append(subprocess.Popen(llama_cmd, stdout=ll, stderr=subprocess.STDOUT))
-                procs.append(subprocess.Popen(edge_cmd, stdout=el, stderr=subprocess.STDOUT))
-            wait_healthy(llama_sock, procs[0], llama_log, "llama-server")
-            wait_healthy(edge_sock, procs[1], edge_log, "edgeinfer serve")
-            targets = [
-                ServerTarget(socket=llama_sock, name="llama-server"),
-                ServerTarget(socket=edge_sock, name="edgeinfer"),
-            ]
+            for name, cmd in commands.items():
+                log = folder / f"{name.replace(' ', '_')}.log"
+                with log.open("wb") as out:
+                    procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+                wait_healthy(sockets[name], procs[-1], log, name)
+            targets = [ServerTarget(socket=sock, name=name) for name, sock in sockets.items()]
             reports = []
             for workload in workloads:
                 max_tokens = args.max_tokens or MAX_TOKENS[workload]
@@ -123,8 +131,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     p.kill()
     if args.json:
-        settings = {"llama_server": llama_cmd, "edgeinfer": edge_cmd}
-        args.json.write_text(json.dumps({"commands": settings, "reports": reports}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"commands": commands, "reports": reports}, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

@@ -301,3 +301,41 @@ def test_a_sequence_in_a_copy_that_has_not_landed_is_neither_saved_nor_reused():
     assert follower.seq not in s.free_seqs  # and its sequence waits for the decode
     s.postprocess(s.schedule(), [])
     assert follower.seq in s.free_seqs
+
+
+def test_when_a_group_leader_ends_before_the_prompt_is_computed_a_fork_takes_over():
+    """Defect: the forks waited for a leader that was gone, were never scheduled, and the engine spun."""
+    s = make(budget=64)
+    g = s.add([5, 6, 7, 8], 3, 4)
+    s.schedule()
+    leader, a, b = g.streams
+    s.cancel(leader)
+    plan = s.schedule()
+    assert plan.finished == [leader]
+    assert [it.stream for it in plan.items] == [a] and plan.items[0].tokens == [5, 6, 7, 8]
+    assert plan.items[0].samplers == [a, b]  # the new leader's last prompt row starts the other fork too
+    sample_all(s, plan, 9)
+    assert not a.fork_pending and not b.fork_pending and a.n_generated == b.n_generated == 1
+
+
+def test_a_preempted_stream_waits_for_room_then_resumes_where_it_was():
+    s = make(n_ctx=200, streams=3, budget=64)
+    a = s.add(list(range(1, 21)), 1, 40).streams[0]
+    b = s.add(list(range(30, 50)), 1, 40).streams[0]
+    run_step(s, 7)
+    run_step(s, 8)  # both decoded a token; each has 20 prompt + 1 token in its KV and 8 pending
+    s.kv.take()
+    seq = b.seq
+    s.preempt(b)
+    assert s.kv.take() == [("save", seq, [*range(30, 50), 7]), ("rm", seq, 0)]
+    assert b.status == Status.WAITING and b.tokens == [*range(30, 50), 7, 8] and b.n_computed == 0
+    assert s.waiting[0].streams == [b] and s.cells_used == 60
+    plan = s.schedule()
+    assert [it.stream for it in plan.items] == [a]  # no stream has ended yet: b waits
+    s.finish(a, Status.STOPPED)
+    s.kv.take()
+    plan = s.schedule()
+    key = next(k for k, t in s.kv.saved.items() if t == [*range(30, 50), 7])
+    assert s.kv.take() == [("restore", key, b.seq, 21)]
+    assert [(it.stream, it.tokens, it.pos0) for it in plan.items] == [(b, [8], 21)]  # exactly where it was
+    assert b.n_generated == 2 and s.preemptions == 1

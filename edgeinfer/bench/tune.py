@@ -2,7 +2,7 @@
 
 1. A concurrency sweep with the starting settings finds the knee: that is `parallel`
    (the largest level tried when throughput still rises there).
-2. Then one setting at a time (threads, batch size, KV cache type, speculation), each
+2. Then one setting at a time (threads, batch size, KV cache type and layout, speculation), each
    candidate value runs the workload at `parallel` streams; the best value is kept
    before the next setting is tried (coordinate descent, a handful of runs each).
 
@@ -62,6 +62,7 @@ def candidates(config: EngineConfig, cpus: int | None = None) -> dict[str, list[
         "threads": threads,
         "batch_size": [512, 256, 1024] if config.gpu_layers == 0 else [512, 1024, 2048],
         "kv_type": ["f16", "q8_0"],
+        "kv_layout": ["per-seq", "unified"],
         "spec": ["off", "auto"],
     }
 
@@ -86,6 +87,7 @@ def tune(
         "threads": config.threads or cpus,
         "batch_size": config.batch_size,
         "kv_type": config.kv_type,
+        "kv_layout": config.kv_layout,
         "spec": "off",
     }
     plan = candidates(config, cpus)

@@ -55,7 +55,7 @@ class DiskTier:
         self.error: str | None = None  # why the tier is off, if it is
         self._sizes: dict[str, int] = {}  # file name -> bytes, oldest first
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, list[int], bytes | None] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[str, list[int], bytes | bytearray | None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ class DiskTier:
 
     # --- writing (background) -------------------------------------------------
 
-    def write(self, tokens: list[int], blob: bytes) -> None:
+    def write(self, tokens: list[int], blob: bytes | bytearray) -> None:
         if self.error is None:
             self._start()
             self._queue.put(("write", list(tokens), blob))
@@ -177,7 +177,7 @@ class DiskTier:
             finally:
                 self._queue.task_done()
 
-    def _write(self, tokens: list[int], blob: bytes) -> None:
+    def _write(self, tokens: list[int], blob: bytes | bytearray) -> None:
         name = self._name(tokens)
         head = json.dumps(
             {"identity": self.identity, "n_tokens": len(tokens), "payload_bytes": len(blob), "crc32": zlib.crc32(blob)}

@@ -15,6 +15,7 @@ One step, and the layer that owns each part:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,8 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
-from edgeinfer.engine.disk import DiskTier, file_identity
-from edgeinfer.engine.kvcache import ContextKv, KvStore
+from edgeinfer.engine.kvcache import ContextKv, make_store
 from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
@@ -31,7 +31,7 @@ from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput,
 from edgeinfer.engine.stats import EngineStats, build_stats
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
-from edgeinfer.errors import EdgeInferError, EngineClosedError
+from edgeinfer.errors import EdgeInferError, EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
 from edgeinfer.options import EngineConfig, SamplingParams
@@ -41,20 +41,6 @@ from edgeinfer.speculative.speculator import Speculator
 def make_engine(config: EngineConfig) -> Engine:
     """The one factory the CLI, the server, the benchmark and the tests use."""
     return Engine(config)
-
-
-def make_store(config: EngineConfig, model: Model, ctx: Context) -> KvStore | None:
-    """The cache tiers: RAM (--cache-ram), and disk (--cache-dir) keyed by what makes KV bytes reusable."""
-    if config.cache_ram <= 0 and config.cache_dir is None:
-        return None
-    disk = None
-    if config.cache_dir is not None:
-        # Bytes restore only into the same model, KV type, layout and stream count (llama.cpp checks the
-        # shapes, not the weights; the file hash covers those).
-        layout = f"{config.kv_type}-{'unified' if ctx.kv_unified else f'per-seq{ctx.n_seq_max}'}-fa{config.flash_attn}"
-        identity = f"{file_identity(model.path)}-{layout}"
-        disk = DiskTier(config.cache_dir, identity, config.cache_dir_max << 20)
-    return KvStore(config.cache_ram << 20, disk)
 
 
 class Engine:
@@ -108,6 +94,7 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._closing = False
+        self.fatal_error: str | None = None  # why the engine thread stopped, if it did
         self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
@@ -142,6 +129,8 @@ class Engine:
         max_new = check_request(tokens, n, params, self)
         t_submit = time.perf_counter()
         with self._lock:
+            if self.fatal_error is not None:
+                raise EngineFailedError(f"the engine stopped ({self.fatal_error}); restart it")
             if self._closing:
                 raise EngineClosedError("the engine is shutting down; no new requests are taken")
             group = self.sched.add(tokens, n, max_new)
@@ -248,6 +237,14 @@ class Engine:
                         self.sched.cancel(live.stream)
 
     def _run(self) -> None:
+        try:
+            while self._iterate():
+                pass
+        except BaseException as e:
+            self._die(e)
+
+    def _iterate(self) -> bool:
+        """One pass of the engine thread: wait for work, draft, plan, decode. False once closed."""
         while True:
             self._flush()
             with self._lock:
@@ -256,7 +253,7 @@ class Engine:
                 if self._closing and not self.sched.has_work():
                     for _, fut in self._exclusive:
                         fut.set_exception(EngineClosedError("the engine is closed"))
-                    return
+                    return False
             # Drafting happens outside the lock: only this thread changes streams' tokens.
             t_iter = time.perf_counter()
             drafts = self._propose()
@@ -283,6 +280,22 @@ class Engine:
                 # A decode-only step: its whole time, drafting included, against what it emitted.
                 drafted = any(it.n_draft for it in plan.items)
                 self.spec.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
+
+    def _die(self, error: BaseException) -> None:
+        """The engine thread cannot go on: every request ends with the reason, and new ones are refused."""
+        reason = f"{type(error).__name__}: {error}" if not isinstance(error, EdgeInferError) else str(error)
+        with self._lock:
+            self.fatal_error = reason
+            self._closing = True
+            for live in list(self.delivery.live.values()):
+                live.stream.status = Status.ERROR
+                with contextlib.suppress(Exception):
+                    self.delivery.finish(live.stream, error=f"the engine stopped ({reason}); restart it")
+            for _, fut in self._exclusive:
+                fut.set_exception(EngineFailedError(f"the engine stopped: {reason}"))
+            self._exclusive.clear()
+        with contextlib.suppress(Exception):
+            self.delivery.outbox.flush()
 
     def _propose(self) -> dict[int, list[int]]:
         if self.spec is None or not self.spec_enabled:
@@ -361,18 +374,22 @@ class Engine:
 
     def _drafter_failed(self, error: BaseException) -> None:
         """Drafting broke (e.g. the draft context is full): go on without speculation."""
-        if self.spec is not None:
-            self.spec.close()
-        self.spec = None
-        self.spec_error = str(error)
+        with self._lock:  # submit() and the Finish path read self.spec under the lock
+            spec, self.spec = self.spec, None
+            self.spec_error = str(error)
+        if spec is not None:
+            spec.close()
 
     def _kv_full(self, plan: StepPlan) -> None:
-        """llama.cpp found no room for the batch (fragmentation): end the youngest stream and go on."""
+        """llama.cpp found no room for the batch: nothing of it entered the KV cache. The youngest stream is
+        preempted (its KV saved, its text kept) and resumes once another ends; alone, it cannot go on."""
         with self._lock:
             youngest = max((it.stream for it in plan.items), key=lambda s: s.id)
-            self.sched.finish(youngest, Status.LENGTH)
-            self._finish_event(youngest)
-            # Nothing of this batch entered the KV cache; the next step plans it again.
+            if len(self.sched.running) > 1:
+                self.sched.preempt(youngest)
+            else:
+                self.sched.finish(youngest, Status.ERROR)
+                self._finish_event(youngest, "the KV cache has no room for this stream; raise --ctx-size")
 
     def _fail_all(self, error: BaseException) -> None:
         """A step failed: end every running stream with the error; the engine keeps serving."""

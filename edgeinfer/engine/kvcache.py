@@ -18,17 +18,18 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from edgeinfer.engine.disk import DiskTier
+from edgeinfer.engine.disk import DiskTier, file_identity
 from edgeinfer.engine.prefix import PrefixTrie
 from edgeinfer.engine.stats import CacheStats
-from edgeinfer.llamacpp import Context
+from edgeinfer.llamacpp import Context, Model
+from edgeinfer.options import EngineConfig
 
 
 @dataclass(slots=True)
 class Entry:
     key: int
     tokens: list[int]
-    blob: bytes | None  # the serialized KV, while in RAM
+    blob: bytes | bytearray | None  # the serialized KV, while in RAM
     on_disk: bool = False
 
 
@@ -52,7 +53,7 @@ class KvStore:
     def longest(self, tokens: list[int]) -> tuple[int, int]:
         return self.index.longest(tokens)
 
-    def put(self, tokens: list[int], blob: bytes) -> None:
+    def put(self, tokens: list[int], blob: bytes | bytearray) -> None:
         """Keep a sequence's KV; an entry it extends (the same conversation's earlier turn) is replaced."""
         if len(blob) > self.ram_bytes and (self.disk is None or self.disk.error is not None):
             return
@@ -68,7 +69,7 @@ class KvStore:
             entry.on_disk = True
         self._fit_ram()
 
-    def get(self, key: int) -> bytes | None:
+    def get(self, key: int) -> bytes | bytearray | None:
         """The entry's KV, from RAM or else from disk (kept in RAM again); None if it cannot be read."""
         entry = self.entries[key]
         if entry.blob is not None:
@@ -117,7 +118,7 @@ class KvStore:
 
     # --- internals --------------------------------------------------------
 
-    def _add(self, tokens: list[int], blob: bytes | None, on_disk: bool = False) -> Entry:
+    def _add(self, tokens: list[int], blob: bytes | bytearray | None, on_disk: bool = False) -> Entry:
         key, self._next = self._next, self._next + 1
         entry = Entry(key, list(tokens), blob, on_disk)
         self.entries[key] = entry
@@ -208,3 +209,17 @@ class ContextKv:
         self.store.stats.restores += 1
         self.store.stats.restore_seconds += time.perf_counter() - t0
         return True
+
+
+def make_store(config: EngineConfig, model: Model, ctx: Context) -> KvStore | None:
+    """The cache tiers: RAM (--cache-ram), and disk (--cache-dir) keyed by what makes KV bytes reusable."""
+    if config.cache_ram <= 0 and config.cache_dir is None:
+        return None
+    disk = None
+    if config.cache_dir is not None:
+        # Bytes restore only into the same model, KV type, layout and stream count (llama.cpp checks the
+        # shapes, not the weights; the file hash covers those).
+        layout = f"{config.kv_type}-{'unified' if ctx.kv_unified else f'per-seq{ctx.n_seq_max}'}-fa{config.flash_attn}"
+        identity = f"{file_identity(model.path)}-{layout}"
+        disk = DiskTier(config.cache_dir, identity, config.cache_dir_max << 20)
+    return KvStore(config.cache_ram << 20, disk)

@@ -86,6 +86,8 @@ class Scheduler:
         self._copying: set[int] = set()
         self._quarantine: list[int] = []
         self._next_id = 0
+        self._room_freed = False  # a stream ended since the last preemption: a preempted one may try again
+        self.preemptions = 0
         self._cancelled_waiting: list[Stream] = []
         # Counters for stats.
         self.prompt_tokens_cached = 0
@@ -224,8 +226,43 @@ class Scheduler:
         if keep and stream.seq not in self._copying:
             self.kv.save(stream.seq, stream.tokens[: stream.n_computed])
         self._release_seq(stream.seq)
+        self._room_freed = True
         if group.n_live == 0:
             self.reserved -= group.reserve
+        elif not stream.fork_pending:
+            # The stream computing the group's prompt is gone: a waiting fork computes it instead.
+            pending = [c for c in group.streams if c.fork_pending and c.status == Status.RUNNING]
+            if pending:
+                pending[0].fork_pending = False
+
+    def preempt(self, stream: Stream) -> None:
+        """Take a running stream out of the KV cache to make room: its KV goes to the tiers, it waits at the
+        front of the queue, and once another stream has ended it resumes (restored, or recomputed) where it was."""
+        assert stream.status == Status.RUNNING
+        self.running.remove(stream)
+        if stream.id in self.live:
+            self.live.remove(stream.id)
+            del self._live_streams[stream.id]
+        if stream.n_computed >= MIN_SHARE and stream.seq not in self._copying:
+            self.kv.save(stream.seq, stream.tokens[: stream.n_computed])
+        self._release_seq(stream.seq)
+        old = stream.group
+        old.n_live -= 1
+        share = old.reserve if old.n_live == 0 else self.reserve_of(0, 1, old.max_new)
+        old.reserve -= share
+        self.reserved -= share
+        if old.n_live > 0 and not stream.fork_pending:
+            pending = [c for c in old.streams if c.fork_pending and c.status == Status.RUNNING]
+            if pending:
+                pending[0].fork_pending = False
+        g = Group(list(stream.tokens), 1, stream.max_new, self.reserve_of(stream.n_prompt, 1, stream.max_new))
+        g.retain, g.streams, g.n_live, g.preempted = old.retain, [stream], 1, True
+        stream.group, stream.status, stream.seq = g, Status.WAITING, -1
+        stream.n_computed = stream.n_cached = 0
+        stream.share_src, stream.fork_pending = None, False
+        self.waiting.appendleft(g)
+        self._room_freed = False
+        self.preemptions += 1
 
     # --- internals --------------------------------------------------------
 
@@ -253,6 +290,8 @@ class Scheduler:
                 return
             if self.n_ctx - self.reserved < g.reserve:
                 return  # unified cache: wait for running streams to free their cells
+            if g.preempted and not self._room_freed and self.running:
+                return  # it was put back for lack of room: wait until a stream ends
             self.waiting.popleft()
             self._start(g)
 

@@ -60,6 +60,7 @@ class Group:
     retain: bool = True  # save the KV of a finished single stream for prefix reuse
     streams: list[Stream] = field(default_factory=list)
     n_live: int = 0
+    preempted: bool = False  # a stream put back to wait for room; it resumes where it was
 
 
 @dataclass(slots=True)

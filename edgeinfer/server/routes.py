@@ -39,6 +39,8 @@ guarded = APIRouter(dependencies=[Depends(authorized)])
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     state = server_state(request)
+    if state.engine is not None and state.engine.fatal_error is not None:
+        return JSONResponse({"status": "error", "error": state.engine.fatal_error}, status_code=503)
     if state.engine is not None:
         return JSONResponse({"status": "ok"})
     if state.load_error:
