@@ -247,16 +247,13 @@ class Context:
         return bool(C.llama_memory_seq_rm(self._mem, seq, p0, p1))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Copy src's positions [p0, p1) to dst. With a KV stream per sequence only whole streams copy
-        (llama.cpp aborts on a range), and the bytes move at the next decode."""
+        """Copy src's positions [p0, p1) to dst; per-sequence KV copies whole streams, at the next decode."""
         if not self.kv_unified:
             assert p0 <= 0 and p1 < 0, "per-sequence KV copies whole streams"
         C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_state(self, seq: int) -> bytearray:
-        """The KV of one sequence, serialized (llama_state_seq_get_data): positions, then K and V rows.
-
-        llama.cpp writes straight into the returned bytearray (no second copy of megabytes)."""
+        """One sequence's KV, serialized (llama_state_seq_get_data) straight into a bytearray: no second copy."""
         size = C.llama_state_seq_get_size(self._h, seq)
         data = bytearray(size)
         n = C.llama_state_seq_get_data(self._h, (ctypes.c_uint8 * size).from_buffer(data), size, seq)

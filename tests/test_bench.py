@@ -147,11 +147,12 @@ def test_tune_settles_each_setting_on_a_synthetic_machine(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
 
     # This machine: 8 streams is the knee; 4 threads beat 8 (memory-bound); batch size barely matters;
-    # q8_0 KV gains 1% (noise: keep f16); speculation gains 20%.
+    # q8_0 KV gains 1% (noise: keep f16); a unified KV cache loses 30%; speculation gains 20%.
     def measure(c: EngineConfig) -> float:
         tps = 100.0 * {8: 1.0, 4: 1.25, 7: 1.02}[c.threads]
         tps *= {512: 1.0, 256: 0.97, 1024: 1.01}[c.batch_size]
         tps *= {"f16": 1.0, "q8_0": 1.01}[c.kv_type]
+        tps *= {"per-seq": 1.0, "unified": 0.7}[c.kv_layout]
         return tps * {"off": 1.0, "auto": 1.2}[c.spec]
 
     seen: list[EngineConfig] = []
@@ -165,9 +166,10 @@ def test_tune_settles_each_setting_on_a_synthetic_machine(monkeypatch):
 
     result = tune(EngineConfig(spec="auto"), calls, measure, Quiet())
     assert seen[0].spec == "off"  # the sweep for parallel runs without speculation
-    assert result.chosen == {"parallel": 8, "threads": 4, "batch_size": 512, "kv_type": "f16", "spec": "auto"}
+    want = {"threads": 4, "batch_size": 512, "kv_type": "f16", "kv_layout": "per-seq", "spec": "auto"}
+    assert result.chosen == {"parallel": 8, **want}
     assert result.tps == pytest.approx(100 * 1.25 * 1.2)
-    assert {t.setting for t in result.trials} == {"threads", "batch_size", "kv_type", "spec"}
+    assert {t.setting for t in result.trials} == set(want)
 
 
 # --- the settings file --------------------------------------------------------------------
