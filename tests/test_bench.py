@@ -194,6 +194,28 @@ def test_settings_file_round_trip_and_clear_errors(tmp_path, monkeypatch):
         assert str(path) in str(err.value) and "delete" in str(err.value)
 
 
+def test_saving_merges_keeps_a_backup_and_is_atomic(tmp_path, monkeypatch):
+    """--tune keeps the keys it does not tune, leaves the old file as config.toml.bak, and a
+    write that fails half-way leaves the old file whole."""
+    path = tmp_path / "config.toml"
+    monkeypatch.setenv(settings_file.ENV, str(path))
+    old = "[engine]\ngpu_layers = 10\nflash_attn = 'on'\nspec_max = 4\nparallel = 2\n"
+    path.write_text(old)
+    settings_file.save({"parallel": 16, "threads": 0}, "tuned")
+    assert settings_file.load() == {"gpu_layers": 10, "flash_attn": "on", "spec_max": 4, "parallel": 16, "threads": 0}
+    assert (tmp_path / "config.toml.bak").read_text() == old
+    before = path.read_text()
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(settings_file.os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        settings_file.save({"parallel": 3}, "interrupted")
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "config.toml.bak"]  # no temp file left
+
+
 class Captured(Exception):
     pass
 
