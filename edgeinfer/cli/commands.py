@@ -257,13 +257,14 @@ def models_show(path: str) -> None:
 @click.argument("src")
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.argument("qtype")
+@click.option("--force", is_flag=True, help="Replace DST if it exists (never SRC itself).")
 @errors_as_messages
-def models_quantize(src: str, dst: str, qtype: str) -> None:
+def models_quantize(src: str, dst: str, qtype: str, force: bool) -> None:
     """Write a copy of SRC at precision QTYPE (F16, Q8_0, Q4_0, Q4_K_M...) to DST."""
     from edgeinfer.llamacpp import quantize
     from edgeinfer.models.catalog import resolve_model
 
     source = resolve_model(src)
     click.echo(f"quantizing {source} to {qtype.upper()} -> {dst}", err=True)
-    quantize(source, Path(dst), qtype)
+    quantize(source, Path(dst).expanduser(), qtype, overwrite=force)
     click.echo(f"wrote {dst}")
