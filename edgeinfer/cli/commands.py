@@ -104,7 +104,20 @@ def chat(system: str | None, socket_path: str | None, api_key: str | None, **kw:
 @click.option("--host", default="127.0.0.1", show_default=True, help="TCP address, with --port.")
 @click.option("--port", type=int, default=None, help="Also serve TCP on this port (off by default).")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
-@click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds streams get to finish on shutdown.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds requests in flight get to finish on shutdown.",
+)
+@click.option(
+    "--max-body-mb",
+    type=click.FloatRange(min=0.001),
+    default=8.0,
+    show_default=True,
+    help="Largest request body in MiB; larger ones get 413.",
+)
 @click.option("--dashboard", is_flag=True, help="Show the live dashboard (`edgeinfer top`) in this terminal.")
 @errors_as_messages
 def serve(
@@ -114,6 +127,7 @@ def serve(
     port: int | None,
     api_key: str | None,
     grace: float,
+    max_body_mb: float,
     dashboard: bool,
     **kw: Any,
 ) -> None:
@@ -129,7 +143,17 @@ def serve(
     if no_socket and dashboard:
         raise click.UsageError("--dashboard reads the Unix socket; drop --no-socket")
     path = None if no_socket else Path(socket_path).expanduser() if socket_path else default_socket_path()
-    app = make_server(config, api_key)
+    if port is not None and not api_key:
+        click.echo(
+            click.style(
+                f"WARNING: --port {port} without --api-key: anyone who can reach {host}:{port} can use this "
+                "server. Pass --api-key KEY (or set EDGEINFER_API_KEY).",
+                fg="red",
+                bold=True,
+            ),
+            err=True,
+        )
+    app = make_server(config, api_key, max_body_mb=max_body_mb)
     where = [f"unix:{path}"] if path else []
     if port is not None:
         where.append(f"http://{host}:{port}")
