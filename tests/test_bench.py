@@ -91,7 +91,7 @@ def synthetic_sweep(curves: dict[str, list[float]], levels: list[int]) -> Sweep:
 
 
 def test_report_matches_the_documented_schema():
-    sweep = synthetic_sweep({"a": [50, 90, 160, 170], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
+    sweep = synthetic_sweep({"a": [50, 90, 160, 165], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
     doc = json.loads(build_report(sweep).model_dump_json(by_alias=True))
     assert doc["schema"] == schema.SCHEMA_VERSION and doc["kind"] == "sweep"
     schema.Report.model_validate(doc)  # extra="forbid": nothing undocumented slips in
@@ -112,11 +112,11 @@ def test_tables_side_by_side_and_knee():
     side = lines[next(i for i, ln in enumerate(lines) if "side by side" in ln) :]
     row4 = next(ln.split() for ln in side if ln.split() and ln.split()[0] == "4")
     assert row4[1:4] == ["200.0", "150.0", "0.75"]
-    assert "edgeinfer: knee: beyond 4 streams" in text and "recommended --parallel 4" in text
+    assert "edgeinfer: knee: 4 streams give 98% of the best" in text and "recommended --parallel 4" in text
 
 
 def test_plot_writes_a_png(tmp_path):
-    sweep = synthetic_sweep({"a": [50, 90, 160, 170], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
+    sweep = synthetic_sweep({"a": [50, 90, 160, 165], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
     out = tmp_path / "sweep.png"
     plot_sweep(sweep, out)
     import matplotlib.image
