@@ -382,10 +382,21 @@ class Sampler:
             self._h = None
 
 
-def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0) -> None:
-    """Write a copy of a GGUF model at another precision (llama_model_quantize)."""
-    _init_backend()
+def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, overwrite: bool = False) -> None:
+    """Write a copy of a GGUF model at another precision (llama_model_quantize).
+
+    DST is refused when it is SRC under any name (same path, symlink or hard link: the same
+    device and inode), since llama.cpp truncates DST while SRC is memory-mapped from it, and
+    when it exists, unless overwrite.
+    """
     read_gguf(src)
+    if os.path.exists(dst):
+        s, d = os.stat(src), os.stat(dst)
+        if (s.st_dev, s.st_ino) == (d.st_dev, d.st_ino):
+            raise ConfigError(f"{dst} is the source model {src} itself; write the copy to another file")
+        if not overwrite:
+            raise ConfigError(f"{dst} already exists; choose another file, or pass --force to replace it")
+    _init_backend()
     key = qtype.upper()
     if key not in QUANT_TYPES:
         raise ConfigError(f"quantization type {qtype!r} is not one of {', '.join(QUANT_TYPES)}")

@@ -7,7 +7,11 @@ command-line names (with _ for -); a flag given on the command line wins over th
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import stat
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -68,14 +72,39 @@ def load(path: Path | None = None) -> dict[str, Any]:
 
 
 def save(settings: dict[str, Any], note: str, path: Path | None = None) -> Path:
-    """Write the [engine] table, with a comment saying where the figures came from."""
+    """Merge settings into the [engine] table and write the file atomically, the old one kept as .bak.
+
+    Keys the caller does not set (gpu_layers, flash_attn... that `--tune` does not measure)
+    keep their values. The new text goes to a temporary file in the same folder and is renamed
+    over the old one, so a crash or a full disk leaves either the old file or the new, never half.
+    An old file that cannot be read is not merged, only kept as the backup.
+    """
     path = path or config_path()
-    body = tomli_w.dumps({"engine": EngineSettings.model_validate(settings).model_dump(exclude_none=True, mode="json")})
+    try:
+        merged = {**load(path), **settings}
+    except ConfigError:
+        merged = dict(settings)
+    body = tomli_w.dumps({"engine": EngineSettings.model_validate(merged).model_dump(exclude_none=True, mode="json")})
     head = (
         f"# Written by `edgeinfer bench --tune` on {time.strftime('%Y-%m-%d %H:%M')}.\n"
         + "".join(f"# {line}\n" for line in note.splitlines())
         + "# `edgeinfer serve` and `edgeinfer chat` read this; a command-line flag overrides a value here.\n\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(head + body)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(head + body)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.is_file():
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+            shutil.copy2(path, path.with_name(path.name + ".bak"))
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return path

@@ -91,7 +91,7 @@ def synthetic_sweep(curves: dict[str, list[float]], levels: list[int]) -> Sweep:
 
 
 def test_report_matches_the_documented_schema():
-    sweep = synthetic_sweep({"a": [50, 90, 160, 170], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
+    sweep = synthetic_sweep({"a": [50, 90, 160, 165], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
     doc = json.loads(build_report(sweep).model_dump_json(by_alias=True))
     assert doc["schema"] == schema.SCHEMA_VERSION and doc["kind"] == "sweep"
     schema.Report.model_validate(doc)  # extra="forbid": nothing undocumented slips in
@@ -112,11 +112,11 @@ def test_tables_side_by_side_and_knee():
     side = lines[next(i for i, ln in enumerate(lines) if "side by side" in ln) :]
     row4 = next(ln.split() for ln in side if ln.split() and ln.split()[0] == "4")
     assert row4[1:4] == ["200.0", "150.0", "0.75"]
-    assert "edgeinfer: knee: beyond 4 streams" in text and "recommended --parallel 4" in text
+    assert "edgeinfer: knee: 4 streams give 98% of the best" in text and "recommended --parallel 4" in text
 
 
 def test_plot_writes_a_png(tmp_path):
-    sweep = synthetic_sweep({"a": [50, 90, 160, 170], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
+    sweep = synthetic_sweep({"a": [50, 90, 160, 165], "b": [40, 80, 150, 250]}, [1, 2, 4, 8])
     out = tmp_path / "sweep.png"
     plot_sweep(sweep, out)
     import matplotlib.image
@@ -194,6 +194,28 @@ def test_settings_file_round_trip_and_clear_errors(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=words) as err:
             settings_file.load()
         assert str(path) in str(err.value) and "delete" in str(err.value)
+
+
+def test_saving_merges_keeps_a_backup_and_is_atomic(tmp_path, monkeypatch):
+    """--tune keeps the keys it does not tune, leaves the old file as config.toml.bak, and a
+    write that fails half-way leaves the old file whole."""
+    path = tmp_path / "config.toml"
+    monkeypatch.setenv(settings_file.ENV, str(path))
+    old = "[engine]\ngpu_layers = 10\nflash_attn = 'on'\nspec_max = 4\nparallel = 2\n"
+    path.write_text(old)
+    settings_file.save({"parallel": 16, "threads": 0}, "tuned")
+    assert settings_file.load() == {"gpu_layers": 10, "flash_attn": "on", "spec_max": 4, "parallel": 16, "threads": 0}
+    assert (tmp_path / "config.toml.bak").read_text() == old
+    before = path.read_text()
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(settings_file.os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        settings_file.save({"parallel": 3}, "interrupted")
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "config.toml.bak"]  # no temp file left
 
 
 class Captured(Exception):

@@ -75,6 +75,31 @@ def test_quantize_makes_a_loadable_copy(runner, tmp_path, model_path):
     assert "Q8_0" in shown.output
 
 
+def test_quantize_refuses_to_write_over_its_source_or_an_existing_file(runner, tmp_path, model_path):
+    import os
+    import shutil
+
+    src = tmp_path / "m.gguf"
+    shutil.copyfile(model_path, src)
+    original = src.read_bytes()
+    (tmp_path / "link.gguf").symlink_to(src)
+    os.link(src, tmp_path / "hard.gguf")
+    for dst in (src, tmp_path / "link.gguf", tmp_path / "hard.gguf", tmp_path / "sub" / ".." / "m.gguf"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        result = runner.invoke(main, ["models", "quantize", str(src), str(dst), "F16", "--force"])
+        assert result.exit_code != 0 and "is the source model" in result.output, result.output
+        assert "Traceback" not in result.output
+    assert src.read_bytes() == original
+    taken = tmp_path / "taken.gguf"
+    taken.write_bytes(b"keep me")
+    result = runner.invoke(main, ["models", "quantize", str(src), str(taken), "Q8_0"])
+    assert result.exit_code != 0 and "already exists" in result.output and "--force" in result.output
+    assert taken.read_bytes() == b"keep me"
+    result = runner.invoke(main, ["models", "quantize", str(src), str(taken), "Q8_0", "--force"])
+    assert result.exit_code == 0, result.output
+    assert "Q8_0" in runner.invoke(main, ["models", "show", str(taken)]).output
+
+
 def test_bad_options_are_refused_clearly(runner):
     result = runner.invoke(main, ["generate", "hi", "--parallel", "0"])
     assert result.exit_code != 0 and "--parallel" in result.output and "Traceback" not in result.output
@@ -98,9 +123,11 @@ def test_chat_repl_streams_and_reuses_history(runner):
     assert "/reset" in result.output and "conversation cleared" in result.output
 
 
-def test_bench_sweep_in_process_beside_the_raw_loop(runner, tmp_path):
+def test_bench_sweep_in_process_beside_the_raw_loop(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a "~" folder made here would be the unexpanded path
     args = ["bench", "--concurrency", "1,2", "--max-tokens", "4", "--repeats", "1", "--raw"]
-    result = runner.invoke(main, [*args, "--json", "-", "--plot", str(tmp_path / "p.png")])
+    result = runner.invoke(main, [*args, "--json", "-", "--plot", "~/p.png"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     Report.model_validate(doc)

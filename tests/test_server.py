@@ -40,8 +40,9 @@ def start_server(sock: Path, *args: str) -> subprocess.Popen:
     raise AssertionError("server did not become healthy in 60 s")
 
 
-def raw(sock: Path, **kw) -> httpx.Client:
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120, **kw)
+def raw(sock: Path, timeout: float = 120, **kw) -> httpx.Client:
+    transport = httpx.HTTPTransport(uds=str(sock))
+    return httpx.Client(transport=transport, base_url="http://edgeinfer", timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +107,18 @@ def test_completions_plain_and_streaming(oai):
 
 def test_n_choices_share_the_prompt(oai):
     r = oai.chat.completions.create(
-        model=MODEL, messages=msgs("Tell me a story."), n=3, temperature=1.0, seed=7, max_tokens=16
+        model=MODEL,
+        messages=msgs("Tell me a story."),
+        n=3,
+        temperature=1.0,
+        seed=7,
+        max_tokens=16,
+        extra_body={"ignore_eos": True},  # each stream runs to max_tokens, so usage is known exactly
     )
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert len({c.message.content for c in r.choices}) > 1
-    assert (
-        r.usage.completion_tokens == sum(16 if c.finish_reason == "length" else 0 for c in r.choices)
-        or r.usage.completion_tokens <= 48
-    )
+    assert [c.finish_reason for c in r.choices] == ["length"] * 3
+    assert r.usage.completion_tokens == 3 * 16
 
 
 def test_logprobs(oai):
@@ -218,6 +223,44 @@ BAD = [
     ("token ids out of vocab", "/v1/completions", {"model": MODEL, "prompt": [10**7]}, 400, "vocabulary"),
     ("body is a list", "/v1/chat/completions", [1, 2], 400, "valid dictionary"),
     ("no such route", "/v1/nothing", {}, 404, "no route"),
+    (
+        "lone surrogate",
+        "/v1/chat/completions",
+        b'{"model": "default", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        400,
+        "surrogate",
+    ),
+    (
+        "lone surrogate in a stop string",
+        "/v1/completions",
+        b'{"model": "default", "prompt": "hi", "stop": ["\\udfff"]}',
+        400,
+        "surrogate",
+    ),
+    (
+        "invalid UTF-8",
+        "/v1/chat/completions",
+        b'{"model": "default", "messages": [{"role": "user", "content": "\xff\xfe caf\xe9"}]}',
+        400,
+        "UTF-8",
+    ),
+    ("body over the cap", "/v1/completions", b'{"prompt": "' + b"x" * (9 << 20) + b'"}', 413, "--max-body-mb"),
+    (
+        "too many messages",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}] * 5000},
+        400,
+        "messages",
+    ),
+    (
+        "too many content parts",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 5000}]},
+        400,
+        "content",
+    ),
+    ("too many stop strings", "/v1/completions", {"model": MODEL, "prompt": "hi", "stop": ["x"] * 5000}, 400, "stop"),
+    ("too many prompt tokens", "/v1/completions", {"model": MODEL, "prompt": [1] * 300000}, 400, "prompt"),
 ]
 
 
@@ -254,6 +297,32 @@ def test_disconnect_mid_stream_cancels_the_stream(server):
     assert finished.get("cancelled", 0) >= 1
 
 
+def test_body_over_the_cap_without_content_length(server):
+    def chunks():
+        for _ in range(10):
+            yield b"x" * (1 << 20)
+
+    r = raw(server).post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "--max-body-mb" in r.json()["error"]["message"]
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_cancels_it(server):
+    """A non-streaming request whose client leaves (a timeout, then the SDK's retry) stops generating."""
+    http = raw(server)
+    before = http.get("/v1/edgeinfer/stats").json()["requests"]["finished"]
+    body = {"model": MODEL, "messages": msgs("Write a very long essay about rivers."), "max_tokens": 4000}
+    body |= {"ignore_eos": True, "temperature": 0.8}
+    with pytest.raises(httpx.ReadTimeout), raw(server, timeout=1.5) as impatient:
+        impatient.post("/v1/chat/completions", json=body)
+    deadline = time.monotonic() + 300  # a guard against hanging only: 4000 tokens end either way
+    while http.get("/v1/edgeinfer/stats").json()["requests"]["running"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    after = http.get("/v1/edgeinfer/stats").json()["requests"]["finished"]
+    assert after.get("cancelled", 0) == before.get("cancelled", 0) + 1, (before, after)
+    assert after.get("length", 0) == before.get("length", 0)
+
+
 def test_chat_cli_talks_to_the_server(server):
     session = "Hi, my name is Ada.\nWhat is my name?\n/exit\n"
     cmd = [
@@ -281,8 +350,42 @@ def test_chat_cli_without_a_server_says_so(tmp_path):
     assert "no edgeinfer server answers" in r.stdout + r.stderr and "Traceback" not in r.stderr
 
 
-def test_socket_is_owner_only(server):
+def test_socket_is_owner_only(server, tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(server).st_mode) == 0o600
+    # Owner-only from the moment it exists: with the chmod after bind taken away, only the
+    # umask around bind keeps others out of the window between bind and chmod.
+    from edgeinfer.server import listen
+
+    monkeypatch.setattr(listen.os, "chmod", lambda *a, **k: None)
+    old = os.umask(0o022)
+    try:
+        sock = listen.bind_unix_socket(tmp_path / "w.sock")
+    finally:
+        os.umask(old)
+    sock.close()
+    assert stat.S_IMODE(os.stat(tmp_path / "w.sock").st_mode) == 0o600
+
+
+def test_a_socket_probe_without_permission_is_a_one_line_error(tmp_path, monkeypatch):
+    import socket as so
+
+    from edgeinfer.errors import ConfigError
+    from edgeinfer.server import listen
+
+    path = tmp_path / "theirs.sock"
+    theirs = so.socket(so.AF_UNIX)
+    theirs.bind(str(path))
+
+    class Refused(so.socket):
+        def connect(self, address):
+            raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(listen.socket, "socket", Refused)
+    with pytest.raises(ConfigError, match="permission") as err:
+        listen.bind_unix_socket(path)
+    assert str(path) in str(err.value) and "--socket" in str(err.value)
+    assert path.exists()  # not ours to remove
+    theirs.close()
 
 
 def test_metrics_and_stats_stream(server):
@@ -331,6 +434,136 @@ def test_stale_socket_is_replaced_and_sigterm_removes_it(tmp_path):
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status says why it ended.
     assert proc.wait(20) in (0, -signal.SIGTERM)
     assert not sock.exists()
+
+
+def sse_lines(r: httpx.Response) -> list[dict]:
+    return [json.loads(ln[5:]) for ln in r.iter_lines() if ln.startswith("data:") and ln[5:].strip() != "[DONE]"]
+
+
+def test_sigterm_lets_streams_finish_within_grace(tmp_path):
+    """Streams in flight at SIGTERM run to their end (inside --grace); then the server exits, socket gone."""
+    sock = tmp_path / "g.sock"
+    proc = start_server(sock, "--parallel", "2", "--grace", "600")
+    body = {"model": MODEL, "messages": msgs("Write a long essay about rivers."), "max_tokens": 120}
+    body |= {"ignore_eos": True, "stream": True, "temperature": 0}
+    with raw(sock) as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        first = [next(lines) for _ in range(4)]  # the stream is under way
+        proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    events = [json.loads(ln[5:]) for ln in first + rest if ln.startswith("data:") and "[DONE]" not in ln]
+    assert "data: [DONE]" in rest, "the stream was cut before its end"
+    assert not [e for e in events if "error" in e]
+    assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["length"]
+    assert proc.wait(60) in (0, -signal.SIGTERM)
+    assert not sock.exists()
+
+
+def test_streams_past_grace_end_with_an_error_and_the_server_exits(tmp_path):
+    sock = tmp_path / "c.sock"
+    proc = start_server(sock, "--parallel", "2", "--grace", "1")
+    body = {"model": MODEL, "messages": msgs("Write a long essay about rivers."), "max_tokens": 7000}
+    body |= {"ignore_eos": True, "stream": True}
+    with raw(sock) as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        first = [next(lines) for _ in range(4)]
+        proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    events = [json.loads(ln[5:]) for ln in first + rest if ln.startswith("data:") and "[DONE]" not in ln]
+    errors = [e["error"]["message"] for e in events if "error" in e]
+    assert len(errors) == 1 and "shutting down" in errors[0] and "--grace" in errors[0], errors
+    assert proc.wait(60) in (0, -signal.SIGTERM)
+    assert not sock.exists()
+
+
+def test_shutdown_leaves_a_socket_file_that_is_no_longer_ours(tmp_path):
+    """A newer server bound the path meanwhile: the old one's shutdown must not delete its socket."""
+    import socket as so
+
+    sock = tmp_path / "r.sock"
+    proc = start_server(sock, "--parallel", "1")
+    sock.unlink()
+    newer = so.socket(so.AF_UNIX)
+    newer.bind(str(sock))
+    inode = sock.stat().st_ino
+    stop_process(proc)
+    assert sock.exists() and sock.stat().st_ino == inode
+    newer.close()
+
+
+def test_api_key_is_compared_in_constant_time(monkeypatch):
+    from edgeinfer.server import routes
+
+    seen = []
+    monkeypatch.setattr(routes.hmac, "compare_digest", lambda a, b: seen.append((a, b)) or a == b)
+    app = _fake_app(api_key="s3cret")
+
+    async def go():
+        async with _in_process(app) as http:
+            return [
+                (await http.get("/v1/models", headers={"authorization": h})).status_code
+                for h in (b"Bearer s3cret", b"Bearer wrong", "Bearer sécret".encode())
+            ]
+
+    assert asyncio.run(go()) == [200, 401, 401]
+    assert len(seen) == 3 and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in seen)
+
+
+class _FakeEngine:
+    """Records which thread templating and tokenizing ran on; refuses every request after that."""
+
+    def __init__(self):
+        self.threads: list[str] = []
+
+    def chat_prompt(self, messages):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return [1, 2, 3]
+
+    def tokenize(self, text, special=False):
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return [1, 2, 3]
+
+    def submit(self, *a, **k):
+        from edgeinfer.errors import RequestError
+
+        raise RequestError("refused by the fake engine")
+
+    asubmit = submit
+
+
+def _fake_app(api_key=None):
+    from edgeinfer.server.app import make_app
+
+    app = make_app(_FakeEngine, "fake", api_key, load_in_background=False)
+    app.state.edgeinfer.engine = _FakeEngine()
+    return app
+
+
+def _in_process(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://edgeinfer")
+
+
+def test_templating_and_tokenizing_run_off_the_event_loop():
+    """A huge prompt must not hold the event loop: other clients are served meanwhile."""
+    import threading
+
+    app = _fake_app()
+
+    async def go():
+        async with _in_process(app) as http:
+            chat = {"model": "fake", "messages": msgs("hi")}
+            r1 = await http.post("/v1/chat/completions", json=chat)
+            r2 = await http.post("/v1/completions", json={"model": "fake", "prompt": "hello"})
+            return r1, r2
+
+    r1, r2 = asyncio.run(go())
+    assert r1.status_code == r2.status_code == 400 and "fake engine" in r1.json()["error"]["message"]
+    engine = app.state.edgeinfer.engine
+    assert len(engine.threads) == 2 and threading.main_thread().name not in engine.threads, engine.threads
 
 
 def test_api_key_and_queue_bound(tmp_path):
@@ -414,5 +647,7 @@ def test_bench_any_openai_endpoint_by_url(tmp_path):
             assert side["warm"]["ttft_p50_s"] < side["cold"]["ttft_p50_s"]  # the agent's system prompt is reused
     finally:
         stop_process(proc)
+    warning = proc.stderr.read()
+    assert "WARNING" in warning and "--api-key" in warning
     gone = CliRunner().invoke(main, ["bench", "--url", url, "--concurrency", "1", "--max-tokens", "4"])
     assert gone.exit_code != 0 and "nothing answers at" in gone.output and "Traceback" not in gone.output

@@ -26,8 +26,13 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
         raise click.UsageError(f"{' and '.join(jobs + (['--socket/--url'] if remote else []))} cannot be combined")
     if req.dashboard and remote and not req.in_process:
         raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
+    # ~ expanded once, here: the paths checked now are the paths written after the sweep.
+    if req.json_out and req.json_out != "-":
+        req.json_out = str(Path(req.json_out).expanduser())
+    if req.plot_out:
+        req.plot_out = str(Path(req.plot_out).expanduser())
     for option, dest in (("--json", req.json_out), ("--plot", req.plot_out)):
-        if dest and dest != "-" and not Path(dest).expanduser().resolve().parent.is_dir():
+        if dest and dest != "-" and not Path(dest).resolve().parent.is_dir():
             raise ConfigError(f"{option} {dest}: its folder does not exist; create it first")
     out_to_stdout = req.json_out == "-"
     echo = lambda line: click.echo(line, err=out_to_stdout)  # noqa: E731  # tables leave stdout to the JSON
@@ -193,7 +198,8 @@ def _tune(
         path = settings_file.save(result.chosen, note)
     except (OSError, ConfigError) as e:
         raise ConfigError(f"could not write the settings file: {e}") from None
-    echo(f"\nwrote {path}:")
+    backup = path.with_name(path.name + ".bak")
+    echo(f"\nwrote {path}" + (f" (the previous file is kept as {backup})" if backup.is_file() else "") + ":")
     for k, v in result.chosen.items():
         echo(f"  {k} = {v!r}")
     echo("`edgeinfer serve` and `edgeinfer chat` now start with these; a command-line flag overrides any of them.")

@@ -129,7 +129,20 @@ def kv_summary(config: EngineConfig) -> str:
 @click.option("--host", default="127.0.0.1", show_default=True, help="TCP address, with --port.")
 @click.option("--port", type=int, default=None, help="Also serve TCP on this port (off by default).")
 @click.option("--api-key", envvar="EDGEINFER_API_KEY", default=None, help="Require 'Authorization: Bearer KEY'.")
-@click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds streams get to finish on shutdown.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds requests in flight get to finish on shutdown.",
+)
+@click.option(
+    "--max-body-mb",
+    type=click.FloatRange(min=0.001),
+    default=8.0,
+    show_default=True,
+    help="Largest request body in MiB; larger ones get 413.",
+)
 @click.option("--dashboard", is_flag=True, help="Show the live dashboard (`edgeinfer top`) in this terminal.")
 @errors_as_messages
 def serve(
@@ -139,6 +152,7 @@ def serve(
     port: int | None,
     api_key: str | None,
     grace: float,
+    max_body_mb: float,
     dashboard: bool,
     **kw: Any,
 ) -> None:
@@ -154,7 +168,17 @@ def serve(
     if no_socket and dashboard:
         raise click.UsageError("--dashboard reads the Unix socket; drop --no-socket")
     path = None if no_socket else Path(socket_path).expanduser() if socket_path else default_socket_path()
-    app = make_server(config, api_key)
+    if port is not None and not api_key:
+        click.echo(
+            click.style(
+                f"WARNING: --port {port} without --api-key: anyone who can reach {host}:{port} can use this "
+                "server. Pass --api-key KEY (or set EDGEINFER_API_KEY).",
+                fg="red",
+                bold=True,
+            ),
+            err=True,
+        )
+    app = make_server(config, api_key, max_body_mb=max_body_mb)
     where = [f"unix:{path}"] if path else []
     if port is not None:
         where.append(f"http://{host}:{port}")
@@ -283,13 +307,14 @@ def models_show(path: str) -> None:
 @click.argument("src")
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.argument("qtype")
+@click.option("--force", is_flag=True, help="Replace DST if it exists (never SRC itself).")
 @errors_as_messages
-def models_quantize(src: str, dst: str, qtype: str) -> None:
+def models_quantize(src: str, dst: str, qtype: str, force: bool) -> None:
     """Write a copy of SRC at precision QTYPE (F16, Q8_0, Q4_0, Q4_K_M...) to DST."""
     from edgeinfer.llamacpp import quantize
     from edgeinfer.models.catalog import resolve_model
 
     source = resolve_model(src)
     click.echo(f"quantizing {source} to {qtype.upper()} -> {dst}", err=True)
-    quantize(source, Path(dst), qtype)
+    quantize(source, Path(dst).expanduser(), qtype, overwrite=force)
     click.echo(f"wrote {dst}")

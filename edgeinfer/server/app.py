@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +19,7 @@ from edgeinfer.engine import Engine, make_engine
 from edgeinfer.errors import EdgeInferError, EngineClosedError, QueueFullError
 from edgeinfer.models.catalog import model_id_of
 from edgeinfer.options import EngineConfig
+from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from edgeinfer.server.prometheus import EngineCollector
 from edgeinfer.server.schema import error_body
 
@@ -37,6 +39,16 @@ class ServerState:
         # Run at shutdown after the engine closes (e.g. removing the socket file): uvicorn
         # re-raises SIGTERM once it has shut down, so code after it never runs.
         self.on_close: list[Callable[[], None]] = []
+        # Shutdown: requests in flight get grace_s seconds from shutdown_at (time.monotonic(),
+        # set by listen.serve on SIGTERM/SIGINT) to finish; then they are cancelled.
+        self.grace_s = 10.0
+        self.shutdown_at: float | None = None
+
+    def grace_left(self) -> float | None:
+        """Seconds of the shutdown grace left; None while the server is not shutting down."""
+        if self.shutdown_at is None:
+            return None
+        return self.shutdown_at + self.grace_s - time.monotonic()
 
     def load(self) -> None:
         try:
@@ -54,15 +66,28 @@ class ServerState:
         return self.engine
 
 
-def make_server(config: EngineConfig, api_key: str | None = None, load_in_background: bool = True) -> FastAPI:
+def make_server(
+    config: EngineConfig,
+    api_key: str | None = None,
+    load_in_background: bool = True,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+) -> FastAPI:
     """The ASGI app over an engine made from config (the CLI and the tests use this)."""
-    return make_app(lambda: make_engine(config), model_id_of(config.model), api_key, load_in_background)
+    factory = lambda: make_engine(config)  # noqa: E731
+    return make_app(factory, model_id_of(config.model), api_key, load_in_background, max_body_mb)
 
 
 def make_app(
-    factory: Callable[[], Engine], model_id: str, api_key: str | None = None, load_in_background: bool = True
+    factory: Callable[[], Engine],
+    model_id: str,
+    api_key: str | None = None,
+    load_in_background: bool = True,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
 ) -> FastAPI:
-    """Build the app; the engine is made by `factory` at startup (in a thread, so /health answers 503 meanwhile)."""
+    """Build the app; the engine is made by `factory` at startup (in a thread, so /health answers 503 meanwhile).
+
+    Request bodies over max_body_mb MiB are refused with 413 before they are parsed.
+    """
     from edgeinfer.server.routes import router
 
     state = ServerState(factory, model_id, api_key)
@@ -85,13 +110,16 @@ def make_app(
     app.add_exception_handler(EdgeInferError, engine_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
     app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20))
     return app
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     """A body that does not fit the schema: 400 naming the field, as OpenAI does."""
-    err = exc.errors()[0]
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    errors = exc.errors()
+    # Of a union's errors (content: str | list), the one that is not a plain type mismatch says most.
+    err = next((e for e in errors if not str(e.get("type", "")).endswith("_type")), errors[0])
+    loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _union_tag(x)]
     param = ".".join(loc) or None
     if err.get("type") == "json_invalid":
         message = f"the request body is not valid JSON ({err.get('msg')})"
@@ -104,6 +132,11 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
 
+def _union_tag(x: Any) -> bool:
+    """pydantic names a union's member in the error location ("str", "list[TextPart]"): not a field."""
+    return isinstance(x, str) and (x in ("str", "int", "float", "bool") or "[" in x)
+
+
 async def engine_error(request: Request, exc: EdgeInferError) -> JSONResponse:
     headers = {"Retry-After": "1"} if isinstance(exc, QueueFullError | EngineClosedError) else None
     param = getattr(exc, "param", None)
@@ -114,4 +147,8 @@ async def engine_error(request: Request, exc: EdgeInferError) -> JSONResponse:
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
     message = exc.detail if exc.status_code != 404 else f"no route {request.method} {request.url.path}"
+    bad = exc.__cause__
+    if isinstance(bad, UnicodeDecodeError):  # FastAPI's "error parsing the body", said precisely
+        byte = bad.object[bad.start]
+        message = f"the request body is not valid UTF-8 (byte {byte:#04x} at offset {bad.start}); send UTF-8 JSON"
     return JSONResponse(error_body(str(message), kind), status_code=exc.status_code)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from edgeinfer.errors import ConfigError
+from edgeinfer.server.routes import CUT_MARGIN_S
 
 
 def default_socket_path() -> Path:
@@ -36,6 +40,10 @@ def bind_unix_socket(path: Path) -> socket.socket:
             probe.connect(str(path))
         except (ConnectionRefusedError, FileNotFoundError):
             path.unlink(missing_ok=True)  # stale: its server is gone
+        except PermissionError:
+            raise ConfigError(
+                f"{path} is another user's socket (no permission to connect to it); choose another --socket"
+            ) from None
         else:
             raise ConfigError(f"a server is already listening on {path}; stop it or pass another --socket")
         finally:
@@ -57,26 +65,57 @@ def bind_tcp(host: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, noting when shutdown began so that requests in flight know their grace."""
+
+    def __init__(self, config: uvicorn.Config, state: Any) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.state.shutdown_at is None:
+            self.state.shutdown_at = time.monotonic()
+        super().handle_exit(sig, frame)
+
+
 def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace_s: float = 10.0) -> None:
-    """Run until SIGINT/SIGTERM; then stop accepting, let streams finish for grace_s, cancel, remove the socket."""
+    """Run until SIGINT/SIGTERM; then stop accepting, let streams finish for grace_s, cancel, remove the socket.
+
+    The routes end what is still running at the grace's end with a clean "shutting down" error;
+    uvicorn's own limit, CUT_MARGIN_S and a second later, cancels anything left.
+    """
+    state = app.state.edgeinfer
+    state.grace_s = grace_s
     sockets = []
+    remove = None
     if socket_path is not None:
         sockets.append(bind_unix_socket(socket_path))
-        app.state.edgeinfer.on_close.append(lambda: _remove(socket_path))
+        remove = _remover(socket_path)
+        state.on_close.append(remove)
     try:
         if tcp is not None:
             sockets.append(bind_tcp(*tcp))
         config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=max(1, round(grace_s)), lifespan="on"
+            app, log_level="warning", timeout_graceful_shutdown=math.ceil(grace_s + CUT_MARGIN_S) + 1, lifespan="on"
         )
-        uvicorn.Server(config).run(sockets=sockets)
+        _Server(config, state).run(sockets=sockets)
     finally:
         for s in sockets:
             s.close()
-        if socket_path is not None:
-            _remove(socket_path)
+        if remove is not None:
+            remove()
 
 
-def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+def _remover(path: Path) -> Callable[[], None]:
+    """Removes the socket file at path only while it is the one bound now (same device and inode):
+    a newer server may have bound the path since, and its socket is not ours to delete."""
+    bound = path.lstat()
+    ours = (bound.st_dev, bound.st_ino)
+
+    def remove() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            now = path.lstat()
+            if (now.st_dev, now.st_ino) == ours:
+                path.unlink()
+
+    return remove

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,9 +15,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException
 
-from edgeinfer.engine import StreamHandle
+from edgeinfer.engine import Engine, StreamHandle
 from edgeinfer.errors import EdgeInferError, RequestError
 from edgeinfer.events import Chunk, Finish
+from edgeinfer.options import SamplingParams
 from edgeinfer.server import wire
 from edgeinfer.server.app import ServerState
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
@@ -28,7 +30,11 @@ def server_state(request: Request) -> ServerState:
 
 async def authorized(request: Request) -> None:
     key = server_state(request).api_key
-    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+    if key is None:
+        return
+    sent = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    # Constant time: the comparison must not tell a guesser how many leading bytes were right.
+    if not hmac.compare_digest(sent, f"Bearer {key}".encode()):
         raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
 
 
@@ -84,10 +90,12 @@ async def chat_completions(request: Request, req: ChatRequest) -> Any:
     state = server_state(request)
     engine = state.ready()
     _check_model(req.model, state.model_id)
-    prompt = engine.chat_prompt(req.chat_messages())
-    handles = await engine.asubmit(prompt, req.to_sampling(), n=req.n)
+    # Templating and tokenizing take time in proportion to the prompt: off the event loop.
+    prompt = await asyncio.to_thread(engine.chat_prompt, req.chat_messages())
+    handles = await _submit(engine, prompt, req.to_sampling(), req.n)
     fmt = wire.ChatFormat(state.model_id, req.logprobs)
-    return await _respond(handles, fmt, req.stream, bool(req.stream_options and req.stream_options.include_usage))
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _respond(request, state, handles, fmt, req.stream, usage)
 
 
 @guarded.post("/v1/completions")
@@ -95,9 +103,13 @@ async def completions(request: Request, req: CompletionRequest) -> Any:
     state = server_state(request)
     engine = state.ready()
     _check_model(req.model, state.model_id)
-    handles = await engine.asubmit(req.prompt_input(), req.to_sampling(), n=req.n)
+    prompt = req.prompt_input()
+    if isinstance(prompt, str) and prompt:
+        prompt = await asyncio.to_thread(engine.tokenize, prompt)
+    handles = await _submit(engine, prompt, req.to_sampling(), req.n)
     fmt = wire.CompletionFormat(state.model_id, req.logprobs is not None)
-    return await _respond(handles, fmt, req.stream, bool(req.stream_options and req.stream_options.include_usage))
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await _respond(request, state, handles, fmt, req.stream, usage)
 
 
 router.include_router(guarded)
@@ -113,19 +125,72 @@ def _check_model(name: str, model_id: str) -> None:
         raise ModelNotFound(f"model {name!r} is not served here; GET /v1/models lists {model_id!r}")
 
 
-async def _respond(handles: list[StreamHandle], fmt: wire.Format, stream: bool, include_usage: bool) -> Any:
-    if stream:
-        return EventSourceResponse(_sse(handles, fmt, include_usage), ping=15)
+async def _submit(engine: Engine, prompt: str | list[int], params: SamplingParams, n: int) -> list[StreamHandle]:
+    """engine.submit in a worker thread (it checks the prompt and builds a sampler per stream,
+    under the engine's lock); should this request be cancelled meanwhile, its streams are too."""
+    work = asyncio.ensure_future(asyncio.to_thread(engine.submit, prompt, params, n, asyncio.get_running_loop()))
     try:
-        finishes = await asyncio.gather(*(h.aresult() for h in handles))
+        return await asyncio.shield(work)
     except asyncio.CancelledError:
-        for h in handles:
+        work.add_done_callback(_cancel_submitted)
+        raise
+
+
+def _cancel_submitted(work: asyncio.Future[list[StreamHandle]]) -> None:
+    if not work.cancelled() and work.exception() is None:
+        for h in work.result():
             h.cancel()
+
+
+POLL_S = 0.2  # how often a waiting request looks for its client leaving or the grace running out
+CUT_MARGIN_S = 5.0  # after the grace, time for cancelled streams to send their end before the hard cut
+
+
+async def _respond(
+    request: Request, state: ServerState, handles: list[StreamHandle], fmt: wire.Format, stream: bool, usage: bool
+) -> Any:
+    if stream:
+        return EventSourceResponse(
+            _sse(handles, fmt, usage, state),
+            ping=15,
+            # sse-starlette cuts every stream as soon as it sees the server shutting down, unless
+            # given a grace period. _sse itself ends the stream cleanly when the grace runs out;
+            # the library's cut, CUT_MARGIN_S later, is the backstop should the engine not answer.
+            shutdown_grace_period=state.grace_s + CUT_MARGIN_S,
+        )
+    results = asyncio.ensure_future(asyncio.gather(*(h.aresult() for h in handles)))
+    try:
+        while not results.done():
+            await asyncio.wait({results}, timeout=POLL_S)
+            if results.done():
+                break
+            if await request.is_disconnected():
+                # Its client is gone (a timeout, and the SDK retries): stop generating for nobody.
+                _cancel(handles, results)
+                return Response(status_code=499)
+            left = state.grace_left()
+            if left is not None and left <= 0:
+                _cancel(handles, results)
+                return JSONResponse(_shutting_down("request", state.grace_s), status_code=503)
+        finishes = results.result()
+    except asyncio.CancelledError:
+        _cancel(handles, results)
         raise
     failed = next((f for f in finishes if f.finish_reason == "error"), None)
     if failed is not None:
         return JSONResponse(error_body(failed.error or "generation failed", "server_error"), status_code=500)
     return fmt.response(list(finishes))
+
+
+def _shutting_down(what: str, grace_s: float) -> dict[str, Any]:
+    message = f"the server is shutting down; this {what} did not finish within --grace {grace_s:g} s"
+    return error_body(message, "server_error", code="shutting_down")
+
+
+def _cancel(handles: list[StreamHandle], results: asyncio.Future[Any]) -> None:
+    for h in handles:
+        h.cancel()
+    results.cancel()
 
 
 async def _events(handles: list[StreamHandle]) -> AsyncIterator[Chunk | Finish]:
@@ -152,9 +217,26 @@ async def _events(handles: list[StreamHandle]) -> AsyncIterator[Chunk | Finish]:
             t.cancel()
 
 
-async def _sse(handles: list[StreamHandle], fmt: wire.Format, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+async def _cut_at_grace(handles: list[StreamHandle], state: ServerState, cut: list[bool]) -> None:
+    """Once shutting down, cancel the streams when the grace runs out, so that _sse still sends
+    their end and an error before sse-starlette force-closes the response."""
+    while True:
+        left = state.grace_left()
+        if left is not None and left <= 0:
+            cut.append(True)
+            for h in handles:
+                h.cancel()
+            return
+        await asyncio.sleep(POLL_S if left is None else min(POLL_S, left))
+
+
+async def _sse(
+    handles: list[StreamHandle], fmt: wire.Format, include_usage: bool, state: ServerState
+) -> AsyncIterator[dict[str, str]]:
     """Merge the n streams' events into one SSE stream; a disconnect cancels every stream."""
     finishes: list[Finish] = []
+    cut: list[bool] = []
+    watcher = asyncio.create_task(_cut_at_grace(handles, state, cut))
     try:
         if fmt.sends_role:
             for i in range(len(handles)):
@@ -167,10 +249,13 @@ async def _sse(handles: list[StreamHandle], fmt: wire.Format, include_usage: boo
                 finishes.append(ev)
                 if ev.finish_reason == "error":
                     yield {"data": json.dumps(error_body(ev.error or "generation failed", "server_error"))}
+                elif ev.finish_reason == "cancelled" and cut:
+                    yield {"data": json.dumps(_shutting_down("stream", state.grace_s))}
                 yield {"data": json.dumps(fmt.final_chunk(ev))}
         if include_usage:
             yield {"data": json.dumps(fmt.usage_chunk(finishes))}
         yield {"data": "[DONE]"}
     finally:
+        watcher.cancel()
         for h in handles:
             h.cancel()

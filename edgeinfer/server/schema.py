@@ -4,9 +4,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from edgeinfer.options import SAMPLING_FIELDS, SamplingFields, SamplingParams
+
+# Every list in a request is bounded, so that no body within the size cap (--max-body-mb)
+# makes the server loop over millions of items. stop is bounded in edgeinfer.options.
+MAX_MESSAGES = 4096  # messages per chat request
+MAX_PARTS = 256  # content parts per message
+MAX_PROMPT_IDS = 262_144  # token ids in a completions prompt; the context check comes later
+
+
+def _surrogate_at(value: Any, path: str) -> str | None:
+    """The path to the first string holding a lone UTF-16 surrogate (valid JSON, not valid text)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the body"
+        return None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _surrogate_at(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
 
 
 class _Strict(BaseModel):
@@ -20,7 +43,7 @@ class TextPart(_Strict):
 
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Field(max_length=MAX_PARTS)] | None = None
     name: str | None = None
     tool_call_id: str | None = None
 
@@ -47,6 +70,17 @@ class _Sampling(SamplingFields):
     stream_options: StreamOptions | None = None
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        where = _surrogate_at(data, "")
+        if where:
+            raise PydanticCustomError(
+                "lone_surrogate",
+                f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode",
+            )
+        return data
+
     def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The engine's SamplingParams (already checked: the fields are the same declarations)."""
         values = self.model_dump(include=set(SAMPLING_FIELDS))
@@ -56,7 +90,7 @@ class _Sampling(SamplingFields):
 class ChatRequest(_Sampling):
     """POST /v1/chat/completions"""
 
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -79,6 +113,13 @@ class CompletionRequest(_Sampling):
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: Literal[False] = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _bounded(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > MAX_PROMPT_IDS:
+            raise ValueError(f"{len(v)} token ids is over the limit of {MAX_PROMPT_IDS}")
+        return v
 
     @field_validator("prompt")
     @classmethod
