@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -95,3 +96,45 @@ def test_a_full_kv_cache_preempts_a_stream_and_its_text_is_unchanged(model_path)
     assert [(g.finish_reason, g.stats.completion_tokens) for g in got] == [("length", 40), ("length", 40)]
     for w, g in zip(want, got, strict=True):
         assert_same_or_near_tie(w, g)
+
+
+def test_a_server_whose_engine_stopped_says_so_and_exits_non_zero(model_path, tmp_path, monkeypatch):
+    """Defect: /health said ok and the process kept running after the engine thread had died."""
+    import httpx
+
+    from edgeinfer.server.app import make_server
+    from edgeinfer.server.listen import serve
+
+    sock = tmp_path / "s.sock"
+    app = make_server(EngineConfig(model=model_path, parallel=2, ctx_size=2048, spec="off"), load_in_background=False)
+    outcome: dict[str, BaseException] = {}
+
+    def run():
+        try:
+            serve(app, sock, None, grace_s=1)
+        except BaseException as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if http.get("/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    engine = app.state.edgeinfer.engine
+
+    def schedule(*args, **kwargs):
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(engine.sched, "schedule", schedule)
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 500 and "scheduler bug" in r.json()["error"]["message"]
+    thread.join(30)
+    assert not thread.is_alive(), "the server kept running after its engine stopped"
+    assert isinstance(outcome.get("error"), EngineFailedError) and "scheduler bug" in str(outcome["error"])
+    assert not sock.exists()

@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from edgeinfer.errors import ConfigError
+from edgeinfer.errors import ConfigError, EngineFailedError
 from edgeinfer.server.routes import CUT_MARGIN_S
 
 
@@ -77,6 +77,14 @@ class _Server(uvicorn.Server):
             self.state.shutdown_at = time.monotonic()
         super().handle_exit(sig, frame)
 
+    async def on_tick(self, counter: int) -> bool:
+        # An engine that stopped for good cannot recover in this process: shut down, so that a
+        # supervisor (systemd, a shell loop) starts a fresh one; serve() then exits non-zero.
+        engine = self.state.engine
+        if engine is not None and engine.fatal_error is not None and not self.should_exit:
+            self.handle_exit(0, None)
+        return await super().on_tick(counter)
+
 
 def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace_s: float = 10.0) -> None:
     """Run until SIGINT/SIGTERM; then stop accepting, let streams finish for grace_s, cancel, remove the socket.
@@ -104,6 +112,9 @@ def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace
             s.close()
         if remove is not None:
             remove()
+    engine = state.engine
+    if engine is not None and engine.fatal_error is not None:
+        raise EngineFailedError(f"the engine stopped ({engine.fatal_error}); the server shut down, start it again")
 
 
 def _remover(path: Path) -> Callable[[], None]:
