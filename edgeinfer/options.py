@@ -108,6 +108,12 @@ class EngineConfig(Options):
     draft_model: Path | None = Field(None, description="Draft GGUF of the same vocabulary (for --spec draft/auto).")
     spec_max: int = Field(8, ge=1, le=32, description="Draft tokens per stream per step at most.")
     draft_p_min: float = Field(0.5, ge=0.0, lt=1.0, description="A draft model stops below this confidence.")
+    spec_verify: Literal["match", "rejection"] = Field(
+        "match",
+        description="How draft-model drafts are checked at temperature > 0: match (the stream's own sampler "
+        "draws every token, so seeded output equals --spec off) or rejection (rejection sampling against the "
+        "draft's probabilities: more drafts accepted, the same output law, but other seeded text).",
+    )
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with some options changed, checked like a new config."""

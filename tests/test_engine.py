@@ -22,17 +22,18 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32, logprobs=5)
 def test_packed_streams_match_one_at_a_time(model_path):
     # No kept prefixes: each run computes its whole prompt, alone or packed.
     with make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096, cache_ram=0)) as eng:
-        alone = [eng.generate(chat(eng, p), GREEDY) for p in PROMPTS]
-        handles = [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]
+        prompts = [chat(eng, p) for p in PROMPTS]
+        alone = [eng.generate(p, GREEDY) for p in prompts]
+        handles = [eng.submit(p, GREEDY)[0] for p in prompts]
         packed = [h.result() for h in handles]
         # How often they agree in full is measured by scripts/packed_vs_alone.py (README).
-        for a, b in zip(alone, packed, strict=True):
-            assert_same_or_near_tie(a, b)
+        for a, b, p in zip(alone, packed, prompts, strict=True):
+            assert_same_or_near_tie(a, b, eng, p)
         # Which steps the prompts share depends on when each arrives, so a second packed run
         # may batch them differently; it obeys the same bound.
-        again = [h.result() for h in [eng.submit(chat(eng, p), GREEDY)[0] for p in PROMPTS]]
-        for a, b in zip(alone, again, strict=True):
-            assert_same_or_near_tie(a, b)
+        again = [h.result() for h in [eng.submit(p, GREEDY)[0] for p in prompts]]
+        for a, b, p in zip(alone, again, prompts, strict=True):
+            assert_same_or_near_tie(a, b, eng, p)
 
 
 def test_n_streams_share_one_prompt_and_match_a_single_run(engine):
@@ -41,7 +42,7 @@ def test_n_streams_share_one_prompt_and_match_a_single_run(engine):
     results = [h.result() for h in handles]
     assert [r.index for r in results] == [0, 1, 2]
     assert results[0].token_ids == results[1].token_ids == results[2].token_ids
-    assert_same_or_near_tie(single, results[0])
+    assert_same_or_near_tie(single, results[0], engine, chat(engine, PROMPTS[0]))
 
 
 def test_n_streams_sample_independently_at_temperature(engine):
@@ -169,8 +170,8 @@ def test_prefix_reuse_gives_the_same_greedy_text(model_path):
     with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048)) as warm:
         warm.generate(chat(warm, prompt_text), GREEDY)
         got = warm.generate(chat(warm, prompt_text), GREEDY)
-    assert got.stats.cached_tokens == got.stats.prompt_tokens - 1
-    assert_same_or_near_tie(want, got)
+        assert got.stats.cached_tokens == got.stats.prompt_tokens - 1
+        assert_same_or_near_tie(want, got, warm, chat(warm, prompt_text))
 
 
 def test_request_errors_name_the_limit(engine):

@@ -27,17 +27,16 @@ def turns(engine, *questions_and_answers):
 
 def test_per_sequence_and_unified_layouts_give_the_same_greedy_text(model_path):
     questions = ["What is a noun?", "Why is the sea salty?", "Name a prime number.", "What is rain?"]
-    results = {}
-    for layout in ("unified", "per-seq"):
-        config = EngineConfig(model=model_path, parallel=4, ctx_size=4096, kv_layout=layout, spec="off")
-        with make_engine(config) as eng:
-            assert eng.snapshot().kv.layout == layout
-            handles = [eng.submit(turns(eng, q), GREEDY)[0] for q in questions]
-            results[layout] = [h.result() for h in handles]
-            if layout == "per-seq":
-                assert eng.ctx.n_ctx_seq == 1024 and eng.snapshot().kv.cells_per_seq == 1024
-    for a, b in zip(results["unified"], results["per-seq"], strict=True):
-        assert_same_or_near_tie(a, b)
+    config = EngineConfig(model=model_path, parallel=4, ctx_size=4096, kv_layout="unified", spec="off")
+    with make_engine(config) as eng:
+        assert eng.snapshot().kv.layout == "unified"
+        want = [h.result() for h in [eng.submit(turns(eng, q), GREEDY)[0] for q in questions]]
+    with make_engine(config.replace(kv_layout="per-seq")) as eng:
+        assert eng.ctx.n_ctx_seq == 1024 and eng.snapshot().kv.cells_per_seq == 1024
+        prompts = [turns(eng, q) for q in questions]
+        got = [h.result() for h in [eng.submit(p, GREEDY)[0] for p in prompts]]
+        for w, g, p in zip(want, got, prompts, strict=True):
+            assert_same_or_near_tie(w, g, eng, p)
 
 
 def test_a_prompt_longer_than_a_streams_share_is_a_clear_error(model_path):
@@ -51,20 +50,23 @@ def test_a_prompt_longer_than_a_streams_share_is_a_clear_error(model_path):
 
 
 def test_the_next_turn_is_restored_from_ram_and_computes_only_its_own_tokens(model_path):
-    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096, spec="off")) as eng:
+    config = EngineConfig(model=model_path, parallel=2, ctx_size=4096, spec="off")
+    with make_engine(config.replace(cache_ram=0)) as cold:
+        first = cold.generate(turns(cold, "What is a verb?"), GREEDY)
+        second_prompt = turns(cold, "What is a verb?", first.text, "Give one more example.")
+        want = cold.generate(second_prompt, GREEDY)
+    with make_engine(config) as eng:
         n_first = len(turns(eng, "What is a verb?"))
-        first = eng.generate(turns(eng, "What is a verb?"), GREEDY)
+        again = eng.generate(turns(eng, "What is a verb?"), GREEDY)
+        assert again.token_ids == first.token_ids  # the same computation as the cold engine's
         assert eng.snapshot().kv.used_cells == 0  # the cells were freed at once; the KV went to RAM
         assert eng.snapshot().cache.ram_entries == 1
-        second_prompt = turns(eng, "What is a verb?", first.text, "Give one more example.")
         second = eng.generate(second_prompt, GREEDY)
         cache = eng.snapshot().cache
+        assert_same_or_near_tie(want, second, eng, second_prompt)
     assert cache.restores == 1 and cache.ram_hits == 1
     # Everything up to the end of the first reply came back; only the new turn was computed.
     assert second.stats.cached_tokens >= n_first + len(first.token_ids) - 2
-    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=4096, cache_ram=0, spec="off")) as cold:
-        want = cold.generate(second_prompt, GREEDY)
-    assert_same_or_near_tie(want, second)
 
 
 def test_a_restarted_engine_with_a_cache_dir_starts_warm(model_path, tmp_path):

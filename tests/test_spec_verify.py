@@ -1,14 +1,19 @@
-"""The verifiers on synthetic distributions: pure numpy, no model.
+"""The verifiers on synthetic distributions, and the tests' near-tie helper: pure, no model.
 
 Each test draws many times and compares the emitted tokens' frequencies with the
 target distribution by total variation distance. With N draws over V outcomes the
 sampling noise in TV is about sqrt(V / N) / 2; the tolerance is a few times that.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
+from edgeinfer.events import TokenLogprob
 from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
+
+from .conftest import NEAR_TIE_NATS, assert_same_or_near_tie
 
 V = 8
 N = 40_000
@@ -112,3 +117,65 @@ def test_sampling_probs_follows_the_chain():
     assert np.allclose(p, [0.5 / 0.8, 0.3 / 0.8, 0, 0])  # 0.15 < 0.5 * 0.5
     hot = sampling_probs(logits, 2.0)
     assert hot[3] > 0.05 and np.isclose(hot.sum(), 1.0)
+
+
+# --- the helper every "speculation equals off" and "packed equals alone" test rests on -------
+
+
+@dataclass
+class Run:
+    """What the helper reads of a result: token ids and, for the reference, its top logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+
+
+def reference(tokens: list[int], runner_up: dict[int, tuple[int, float]]) -> Run:
+    """A greedy run whose token i beat runner_up[i] = (token, gap in nats); elsewhere by 5 nats."""
+    lps = []
+    for i, t in enumerate(tokens):
+        other, gap = runner_up.get(i, (99, 5.0))
+        lps.append(TokenLogprob(t, "", -0.1, [(t, "", -0.1), (other, "", -0.1 - gap)]))
+    return Run(tokens, lps)
+
+
+class ForcedEngine:
+    """Answers the helper's teacher-forced requests with given continuations, in turn, and records them."""
+
+    def __init__(self, *continuations: list[int]) -> None:
+        self.continuations = list(continuations)
+        self.asked: list[tuple[list[int], int | None]] = []
+
+    def generate(self, prompt, params):
+        self.asked.append((prompt, params.max_tokens))
+        return Run(self.continuations.pop(0))
+
+
+def first_divergence_only(ref: Run, other: Run) -> None:
+    """The old rule: only the first differing token is checked."""
+    i = next(i for i, (x, y) in enumerate(zip(ref.token_ids, other.token_ids, strict=False)) if x != y)
+    top = {t: lp for t, _, lp in ref.logprobs[i].top}
+    assert top[ref.token_ids[i]] - top[other.token_ids[i]] < NEAR_TIE_NATS
+
+
+def test_near_tie_helper_checks_past_the_tie_by_teacher_forcing():
+    # Token 2 is a near-tie (3 over 9 by 0.1 nats); token 4 is confident (5 over 8 by 3 nats).
+    ref = reference([1, 2, 3, 4, 5, 6], {2: (9, 0.1), 4: (8, 3.0)})
+    other = Run([1, 2, 9, 7, 7, 7])  # parts at the tie; what follows it depends on the 9
+    prompt = [100, 101]
+    # Forced past the tie, the engine parts again where the reference was sure: a real divergence.
+    engine = ForcedEngine([4, 8, 6])
+    first_divergence_only(ref, other)  # the old rule let it through
+    with pytest.raises(AssertionError, match="part at token 4 where the reference was confident"):
+        assert_same_or_near_tie(ref, other, engine, prompt)
+    assert engine.asked == [([100, 101, 1, 2, 3], 3)]  # prompt + the reference up to and including its token
+    # The same first tie followed by the reference's own continuation passes (as not identical).
+    assert assert_same_or_near_tie(ref, other, ForcedEngine([4, 5, 6]), prompt) is False
+    assert assert_same_or_near_tie(ref, Run(list(ref.token_ids)), ForcedEngine(), prompt) is True
+    # A second near-tie is forced past too; a continuation that stops short fails.
+    two_ties = reference([1, 2, 3, 4, 5, 6], {2: (9, 0.1), 4: (8, 0.2)})
+    engine = ForcedEngine([4, 8, 7], [6])
+    assert assert_same_or_near_tie(two_ties, other, engine, prompt) is False
+    assert [a for a, _ in engine.asked] == [[100, 101, 1, 2, 3], [100, 101, 1, 2, 3, 4, 5]]
+    with pytest.raises(AssertionError, match="prefix"):
+        assert_same_or_near_tie(ref, other, ForcedEngine([4, 5]), prompt)

@@ -3,7 +3,13 @@
 It keeps its own KV cache, one sequence per target sequence id. Before drafting it
 catches up on whatever part of a stream it has not seen (prompt, accepted tokens),
 and drops what the target rejected, by comparing token lists. All speculating streams
-draft together: one llama_decode per draft depth.
+draft together: one llama_decode per draft depth. A sequence is forgotten when its
+stream ends; if the KV still fills up, the sequences not drafting right now are.
+
+By default a draft is the draft model's most likely token at each depth (the best bet
+for sample-and-match, which draws the emitted tokens from the target's own sampler).
+For rejection sampling it is drawn from the draft's law q instead, and the stop rule
+looks only at q, never at the drawn token, so that the kept tokens follow q.
 """
 
 from __future__ import annotations
@@ -29,16 +35,18 @@ class DraftRequest:
     tokens: list[int]  # the stream's tokens; the last one is not in the target KV yet
     k: int  # draft at most this many
     temperature: float
-    top_k: int
-    top_p: float
-    min_p: float
-    rng: np.random.Generator
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    # None: draft the draft model's most likely token (verified by sample-and-match or greedily).
+    # Given: draw each token from the draft's sampling law q, for rejection sampling against q.
+    rng: np.random.Generator | None = None
 
 
 @dataclass(slots=True)
 class Draft:
     tokens: list[int]
-    q: np.ndarray | None  # (len(tokens), vocab) draft distributions; None when greedy
+    q: np.ndarray | None  # (len(tokens), vocab) laws the tokens were drawn from; None unless drawn
 
 
 def check_vocab(target: Model, draft: Model) -> None:
@@ -77,34 +85,36 @@ class DraftModel:
         out = {r.seq: Draft([], None) for r in reqs}
         qs: dict[int, list[np.ndarray]] = {r.seq: [] for r in reqs}
         # Catch up: the draft KV must hold tokens[:-1]; then the last token starts the draft.
-        pending = {r.seq: self._sync(r) for r in reqs}
-        rows = self._feed(pending, on_step)
+        logits = self._feed({r.seq: self._sync(r) for r in reqs}, on_step)
         live = {r.seq: r for r in reqs}
-        depth = 0
         while live:
-            depth += 1
             step: dict[int, list[int]] = {}
             for seq, r in list(live.items()):
-                logits = self.ctx.logits(rows[seq])
-                if r.temperature <= 0:
-                    tok = int(np.argmax(logits))
-                    conf = _softmax_max(logits)
+                q = None
+                if r.rng is None:
+                    conf = _top_prob(logits[seq], r.temperature)
                 else:
-                    probs = sampling_probs(logits, r.temperature, r.top_k, r.top_p, r.min_p)
-                    tok = int(r.rng.choice(len(probs), p=probs))
-                    conf = float(probs[tok])
+                    q = sampling_probs(logits[seq], r.temperature, r.top_k, r.top_p, r.min_p)
+                    conf = float(q.max())
+                # Stop before choosing the token, on the law alone: a stop that looked at the drawn
+                # token would keep likely tokens and drop unlikely ones, and the kept drafts would
+                # no longer follow q, which rejection sampling assumes (the first token is always kept).
                 if conf < self.p_min and out[seq].tokens:
                     del live[seq]
                     continue
+                if q is None:
+                    tok = int(np.argmax(logits[seq]))
+                else:
+                    assert r.rng is not None
+                    tok = int(r.rng.choice(len(q), p=q))
+                    qs[seq].append(q)
                 out[seq].tokens.append(tok)
-                if r.temperature > 0:
-                    qs[seq].append(probs)
                 if len(out[seq].tokens) >= r.k:
                     del live[seq]
                 else:
                     step[seq] = [tok]
             if step:
-                rows = self._feed({seq: (len(self.held[seq]), toks) for seq, toks in step.items()}, on_step)
+                logits = self._feed({seq: (len(self.held[seq]), toks) for seq, toks in step.items()}, on_step)
         for seq, d in out.items():
             if qs[seq]:
                 d.q = np.stack(qs[seq])
@@ -117,20 +127,25 @@ class DraftModel:
         keep = common_prefix(held, want[:-1])
         if keep < len(held):
             self.ctx.seq_rm(r.seq, keep, -1)
-            self.held[r.seq] = held[:keep]
-        else:
-            self.held[r.seq] = held
+        self.held[r.seq] = held[:keep]
         return keep, want[keep:]
 
-    def _feed(self, pending: dict[int, tuple[int, list[int]]], on_step: Callable[[int, float], None]) -> dict[int, int]:
-        """Decode each sequence's tokens (in n_batch chunks); return each one's last output row."""
-        rows: dict[int, int] = {}
+    def _feed(
+        self, pending: dict[int, tuple[int, list[int]]], on_step: Callable[[int, float], None]
+    ) -> dict[int, np.ndarray]:
+        """Decode each sequence's tokens (in n_batch chunks); return the logits after each one's last token.
+
+        The logits are copied after the decode that held a sequence's last token: the next
+        chunk's decode reuses the output rows.
+        """
+        logits: dict[int, np.ndarray] = {}
         queue = [(seq, pos, toks) for seq, (pos, toks) in pending.items() if toks]
         while queue:
             self.batch.clear()
             room = self.ctx.n_batch
             nxt = []
-            step_rows = {}
+            fed: list[tuple[int, list[int]]] = []
+            rows = {}
             for seq, pos, toks in queue:
                 take = min(len(toks), room)
                 if take == 0:
@@ -138,19 +153,30 @@ class DraftModel:
                     continue
                 last = take == len(toks)
                 row = self.batch.add(seq, toks[:take], pos, last)
-                self.held[seq] = self.held[seq] + toks[:take]
+                fed.append((seq, toks[:take]))
                 room -= take
                 if last:
-                    step_rows[seq] = row
+                    rows[seq] = row
                 else:
                     nxt.append((seq, pos + take, toks[take:]))
             t0 = time.perf_counter()
-            if not self.ctx.decode(self.batch):
-                raise ConfigError("the draft model's context is full; raise --ctx-size")
-            on_step(len(step_rows), time.perf_counter() - t0)
-            rows.update(step_rows)
+            self._decode(set(pending))
+            on_step(len(rows), time.perf_counter() - t0)
+            for seq, toks in fed:
+                self.held[seq] = self.held[seq] + toks
+            logits.update({seq: self.ctx.logits(row) for seq, row in rows.items()})
             queue = nxt
-        return rows
+        return logits
+
+    def _decode(self, busy: set[int]) -> None:
+        """Decode the batch; when the KV is full, forget the sequences not drafting now and retry once."""
+        if self.ctx.decode(self.batch):
+            return
+        idle = [seq for seq in self.held if seq not in busy]
+        for seq in idle:
+            self.forget(seq)
+        if not idle or not self.ctx.decode(self.batch):
+            raise ConfigError("the draft model's context is full; raise --ctx-size")
 
     def forget(self, seq: int) -> None:
         self.held.pop(seq, None)
@@ -162,6 +188,7 @@ class DraftModel:
         self.model.close()
 
 
-def _softmax_max(logits: np.ndarray) -> float:
-    m = logits.max()
-    return 1.0 / float(np.exp(logits - m).sum())
+def _top_prob(logits: np.ndarray, temperature: float) -> float:
+    """The most likely token's probability at the stream's temperature (greedy: at temperature 1)."""
+    x = logits.astype(np.float64) / (temperature if temperature > 0 else 1.0)
+    return 1.0 / float(np.exp(x - x.max()).sum())

@@ -32,8 +32,8 @@ class SpecState:
     params: SamplingParams
     ngram: NgramIndex | None
     accept: Acceptance
-    rng: np.random.Generator
-    q: np.ndarray | None = None  # draft distributions of the pending draft (draft model, temperature > 0)
+    rng: np.random.Generator  # rejection sampling's draws (--spec-verify rejection)
+    q: np.ndarray | None = None  # laws the pending draft was drawn from (rejection sampling only)
     drafted: int = 0
     accepted: int = 0
 
@@ -73,6 +73,9 @@ class Speculator:
         if config.draft_model is not None:
             self.drafter = DraftModel(config.draft_model, target, ctx_params, config.draft_p_min)
         self.source = "draft" if self.drafter is not None and self.mode != "ngram" else "ngram"
+        # Sample-and-match by default: every emitted token is the stream's own sampler's draw, so
+        # seeded text is the same with speculation on or off, whatever the drafts were.
+        self.rejection = config.spec_verify == "rejection"
         self.max_draft = config.spec_max
         self.controller = Controller(config.spec_max)
         self.gate = Gate()
@@ -94,8 +97,10 @@ class Speculator:
         self.states[stream.id] = SpecState(params, ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
 
     def detach(self, stream: Stream) -> None:
-        """The stream has ended."""
+        """The stream has ended: its state goes, and so does its sequence in the draft model's KV."""
         self.states.pop(stream.id, None)
+        if self.drafter is not None:
+            self.drafter.forget(stream.seq)
 
     def drafted_for(self, stream_id: int) -> tuple[int, int]:
         """(drafted, accepted) tokens of one stream so far."""
@@ -143,7 +148,8 @@ class Speculator:
         for key, k in plan.items():
             s, st = by_id[key], self.states[key]
             p = st.params
-            reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, st.rng))
+            rng = st.rng if self.rejection and p.temperature > 0 else None
+            reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, rng))
         drafts = self.drafter.draft(reqs, self.controller.draft.observe)
         out = {}
         for key in plan:
@@ -171,12 +177,12 @@ class Speculator:
         if p.temperature <= 0:
             argmax = [int(np.argmax(ctx.logits(row0 + i))) for i in range(k + 1)]
             out = verify_greedy(draft, argmax)
-        elif st.q is not None and len(st.q) == k:
+        elif st.q is not None and len(st.q) == k:  # drafts drawn from q: --spec-verify rejection
             probs = np.stack(
                 [sampling_probs(ctx.logits(row0 + i), p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
             )
             out = verify_rejection(draft, st.q, probs, st.rng)
-        else:
+        else:  # sample-and-match: the stream's sampler draws at each position, as without drafts
             samples: list[int] = []
             for i in range(k + 1):
                 samples.append(sampler.sample(ctx, row0 + i))
