@@ -163,13 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx-size", type=int, default=8192)
     ap.add_argument("--grace", type=float, default=30)
     ap.add_argument("--hang-s", type=float, default=180, help="a request unanswered this long is hung")
-    ap.add_argument("--rss-mb", type=float, default=300, help="largest allowed resident memory growth")
+    ap.add_argument("--cache-ram", type=int, default=256, help="the server's --cache-ram, MiB [256]")
+    ap.add_argument(
+        "--rss-mb", type=float, default=300, help="largest allowed resident memory growth beyond --cache-ram [300]"
+    )
     ap.add_argument("--strict-text", action="store_true", help="fail, not only report, on stream/whole differences")
     args = ap.parse_args(argv)
 
     sock = Path(tempfile.mkdtemp(prefix="soak-")) / "s.sock"
     cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--parallel", str(args.parallel)]
     cmd += ["--ctx-size", str(args.ctx_size), "--grace", str(args.grace), "--spec", args.spec]
+    cmd += ["--cache-ram", str(args.cache_ram)]
     if args.spec == "draft":
         cmd += ["--draft-model", args.draft_model]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -205,7 +209,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     except subprocess.TimeoutExpired:
         code = None
     kv, req = stats["kv"], stats["requests"]
-    retained = stats.get("prefix_cache", {}).get("retained_cells", 0)
+    cache = stats.get("cache", {})
     mismatched = [(p, t) for p, t in soak.streamed if p in soak.greedy and soak.greedy[p] != t]
     compared = sum(p in soak.greedy for p, _ in soak.streamed)
     fivexx = sum(n for k, n in soak.outcomes.items() if k[:1] == "5") + sum(n for k, n in ends.items() if "50" in k)
@@ -215,8 +219,9 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
         "no connection lost mid-request": soak.outcomes["connection lost"] == 0,
         "bad bodies answered 4xx with JSON": not any("NOT 4xx" in k for k in soak.outcomes),
         "idle: nothing running or waiting": req["running"] == 0 and req["waiting"] == 0,
-        "idle: KV cells in use == kept prefixes' cells": kv["used_cells"] - retained == 0,
-        f"RSS growth under {args.rss_mb:g} MB": (rss1 - rss0) / 1024 < args.rss_mb,
+        "idle: no KV cells in use (finished conversations live in the RAM tier)": kv["used_cells"] == 0,
+        f"RAM tier within --cache-ram {args.cache_ram} MiB": cache.get("ram_bytes", 0) <= args.cache_ram << 20,
+        f"RSS growth under --cache-ram + {args.rss_mb:g} MB": (rss1 - rss0) / 1024 < args.cache_ram + args.rss_mb,
         "server exited after SIGTERM": code is not None,
         "no socket file left": not sock.exists(),
     }
@@ -227,7 +232,8 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     for k, n in sorted({**soak.outcomes, **ends}.items()):
         print(f"  {k:<44} {n}")
     print(f"engine finished streams: {req['finished']}")
-    print(f"KV used {kv['used_cells']} cells, kept prefixes {retained}; RSS {rss0 // 1024} -> {rss1 // 1024} MB")
+    saved = f"{cache.get('ram_entries', 0)} saved conversations, {cache.get('ram_bytes', 0) >> 20} MiB"
+    print(f"KV used {kv['used_cells']} cells; RAM tier {saved}; RSS {rss0 // 1024} -> {rss1 // 1024} MB")
     print(f"streamed vs whole greedy text: {compared - len(mismatched)}/{compared} equal", end="")
     print("" if not mismatched else " (differences can be batch-shape near-ties; see README, Packed and alone)")
     print(f"server exit status {code}")

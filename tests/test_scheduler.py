@@ -339,3 +339,15 @@ def test_a_preempted_stream_waits_for_room_then_resumes_where_it_was():
     assert s.kv.take() == [("restore", key, b.seq, 21)]
     assert [(it.stream, it.tokens, it.pos0) for it in plan.items] == [(b, [8], 21)]  # exactly where it was
     assert b.n_generated == 2 and s.preemptions == 1
+
+
+def test_batch_items_go_in_increasing_sequence_order_and_the_lowest_free_sequence_is_reused():
+    """llama.cpp computes a KV stream per sequence in one pass only for consecutive increasing ids."""
+    s = make(streams=3, cells_per_seq=300)
+    a, b, c = (s.add([k] * 20, 1, 50).streams[0] for k in (1, 2, 3))
+    run_step(s)
+    s.finish(a, Status.STOPPED)
+    d = s.add([4] * 20, 1, 50).streams[0]
+    plan = s.schedule()
+    assert d.seq == 0  # a's sequence, the lowest free one
+    assert [it.stream.seq for it in plan.items] == [0, 1, 2]  # d's prompt chunk first, by sequence

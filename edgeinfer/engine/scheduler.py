@@ -176,14 +176,19 @@ class Scheduler:
             samplers = self._samplers(s) if chunk == left else []
             items.append(BatchItem(s, s.tokens[s.n_computed : s.n_computed + chunk], s.n_computed, samplers))
             budget -= chunk
+        # With a KV stream per sequence llama.cpp computes only consecutive, increasing sequence ids
+        # in one pass: in any other order a step splits into many small passes.
+        items.sort(key=lambda it: it.stream.seq)
         return StepPlan(items, finished)
 
     def postprocess(self, plan: StepPlan, outputs: list[StepOutput]) -> list[Stream]:
         """After the decode: the plan's batch is in the KV cache; apply each stream's output; return the ended ones."""
         # The decode has landed every pending copy: those sequences may be saved and reused again.
         self._copying.clear()
-        self.free_seqs.extend(self._quarantine)
-        self._quarantine.clear()
+        if self._quarantine:
+            self.free_seqs.extend(self._quarantine)
+            self.free_seqs.sort(reverse=True)
+            self._quarantine.clear()
         self._complete(plan)
         ended = []
         for out in outputs:
@@ -355,4 +360,9 @@ class Scheduler:
     def _release_seq(self, seq: int) -> None:
         self.kv.rm(seq)
         # A sequence in a copy that has not landed yet must not take new bytes before the decode.
-        (self._quarantine if seq in self._copying else self.free_seqs).append(seq)
+        if seq in self._copying:
+            self._quarantine.append(seq)
+        else:
+            # The lowest free sequence goes out first, so the running ones stay consecutive.
+            self.free_seqs.append(seq)
+            self.free_seqs.sort(reverse=True)
