@@ -344,7 +344,7 @@ def test_a_preempted_stream_waits_for_room_then_resumes_where_it_was():
 def test_batch_items_go_in_increasing_sequence_order_and_the_lowest_free_sequence_is_reused():
     """llama.cpp computes a KV stream per sequence in one pass only for consecutive increasing ids."""
     s = make(streams=3, cells_per_seq=300)
-    a, b, c = (s.add([k] * 20, 1, 50).streams[0] for k in (1, 2, 3))
+    a, _b, _c = (s.add([k] * 20, 1, 50).streams[0] for k in (1, 2, 3))
     run_step(s)
     s.finish(a, Status.STOPPED)
     d = s.add([4] * 20, 1, 50).streams[0]

@@ -280,7 +280,7 @@ def test_disconnect_mid_stream_cancels_the_stream(server):
     body = {
         "model": MODEL,
         "messages": msgs("Write a very long essay about rivers."),
-        "max_tokens": 2000,
+        "max_tokens": 900,  # a stream's share of the context is 1,024 cells
         "stream": True,
         "temperature": 0.8,
     }
@@ -310,7 +310,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels_it(server):
     """A non-streaming request whose client leaves (a timeout, then the SDK's retry) stops generating."""
     http = raw(server)
     before = http.get("/v1/edgeinfer/stats").json()["requests"]["finished"]
-    body = {"model": MODEL, "messages": msgs("Write a very long essay about rivers."), "max_tokens": 4000}
+    body = {"model": MODEL, "messages": msgs("Write a very long essay about rivers."), "max_tokens": 900}
     body |= {"ignore_eos": True, "temperature": 0.8}
     with pytest.raises(httpx.ReadTimeout), raw(server, timeout=1.5) as impatient:
         impatient.post("/v1/chat/completions", json=body)
@@ -462,7 +462,7 @@ def test_sigterm_lets_streams_finish_within_grace(tmp_path):
 def test_streams_past_grace_end_with_an_error_and_the_server_exits(tmp_path):
     sock = tmp_path / "c.sock"
     proc = start_server(sock, "--parallel", "2", "--grace", "1")
-    body = {"model": MODEL, "messages": msgs("Write a long essay about rivers."), "max_tokens": 7000}
+    body = {"model": MODEL, "messages": msgs("Write a long essay about rivers."), "max_tokens": 4000}
     body |= {"ignore_eos": True, "stream": True}
     with raw(sock) as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
         lines = r.iter_lines()
