@@ -235,10 +235,7 @@ class Scheduler:
         if group.n_live == 0:
             self.reserved -= group.reserve
         elif not stream.fork_pending:
-            # The stream computing the group's prompt is gone: a waiting fork computes it instead.
-            pending = [c for c in group.streams if c.fork_pending and c.status == Status.RUNNING]
-            if pending:
-                pending[0].fork_pending = False
+            self._hand_over_prompt(group)
 
     def preempt(self, stream: Stream) -> None:
         """Take a running stream out of the KV cache to make room: its KV goes to the tiers, it waits at the
@@ -257,9 +254,7 @@ class Scheduler:
         old.reserve -= share
         self.reserved -= share
         if old.n_live > 0 and not stream.fork_pending:
-            pending = [c for c in old.streams if c.fork_pending and c.status == Status.RUNNING]
-            if pending:
-                pending[0].fork_pending = False
+            self._hand_over_prompt(old)
         g = Group(list(stream.tokens), 1, stream.max_new, self.reserve_of(stream.n_prompt, 1, stream.max_new))
         g.retain, g.streams, g.n_live, g.preempted = old.retain, [stream], 1, True
         stream.group, stream.status, stream.seq = g, Status.WAITING, -1
@@ -344,6 +339,13 @@ class Scheduler:
         self.kv.share(src, dst, n)
         if self.kv.copies_land_at_decode():
             self._copying.update((src, dst))
+
+    @staticmethod
+    def _hand_over_prompt(group: Group) -> None:
+        """The stream computing the group's prompt is gone: a waiting fork computes it instead."""
+        pending = [c for c in group.streams if c.fork_pending and c.status == Status.RUNNING]
+        if pending:
+            pending[0].fork_pending = False
 
     @staticmethod
     def _blocked(s: Stream) -> bool:
