@@ -28,6 +28,16 @@ FLASH_ATTN = {
     "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+
+
+def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int) -> str:
+    """--flash-attn auto: "off" on the CPU (llama.cpp's auto turns it on there, and its CPU kernel
+    halves decode speed at ~1,000-token contexts: scripts/flash_attn.py); llama.cpp's choice on a
+    GPU, or with a quantized KV cache, which needs it."""
+    on_gpu = gpu_layers != 0 and C.llama_supports_gpu_offload()
+    return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
+
+
 QUANT_TYPES = {
     "F32": C.LLAMA_FTYPE_ALL_F32,
     "F16": C.LLAMA_FTYPE_MOSTLY_F16,
@@ -133,9 +143,7 @@ class Model:
                 f"{self.info.architecture!r}); run with EDGEINFER_LLAMA_LOG=1 to see why"
             )
         self.vocab = Vocab(C.llama_model_get_vocab(self._h))
-        self.n_ctx_train: int = C.llama_model_n_ctx_train(self._h)
         self.n_params: int = C.llama_model_n_params(self._h)
-        self.size_bytes: int = C.llama_model_size(self._h)
         self.gpu_layers = gpu_layers
 
     @property
@@ -192,7 +200,8 @@ class Context:
         params.n_seq_max = p.n_seq_max
         params.n_threads = threads
         params.n_threads_batch = p.n_threads_batch or threads
-        params.flash_attn_type = FLASH_ATTN[p.flash_attn]
+        self.flash_attn = resolve_flash_attn(p.flash_attn, p.kv_type, model.gpu_layers)
+        params.flash_attn_type = FLASH_ATTN[self.flash_attn]
         params.type_k = KV_TYPES[p.kv_type]
         params.type_v = KV_TYPES[p.kv_type]
         # Unified: one cell pool, seq_cp shares cells, but attention walks every occupied cell for
@@ -341,11 +350,8 @@ class Sampler:
         self._h = C.llama_sampler_chain_init(params)
         add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
         if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
-            add(
-                C.llama_sampler_init_penalties(
-                    n_vocab, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty
-                )
-            )
+            penalties = (repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
+            add(C.llama_sampler_init_penalties(n_vocab, *penalties))
         if temperature <= 0:
             add(C.llama_sampler_init_greedy())
         else:

@@ -88,7 +88,11 @@ class EngineConfig(Options):
     gpu_layers: int = Field(
         0, ge=-1, description="Layers to offload to the GPU; -1: all.", json_schema_extra=_cli("-ngl")
     )
-    flash_attn: FlashAttn = Field("auto", description="Flash attention.")
+    flash_attn: FlashAttn = Field(
+        "auto",
+        description="Flash attention. auto: off when running on the CPU only (it halves decode speed there at long "
+        "contexts), llama.cpp's choice on a GPU or with a quantized KV cache.",
+    )
     kv_type: KvType = Field("f16", description="KV cache precision.")
     kv_layout: KvLayout = Field(
         "per-seq",

@@ -40,10 +40,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--flash-attn", default="auto", choices=["on", "off", "auto"], help="[auto: off on the CPU]")
     args = ap.parse_args()
     n = args.streams
     base = EngineConfig(
-        parallel=n, ctx_size=n * 2048, batch_size=512, threads=args.threads, threads_batch=args.threads, spec="off"
+        parallel=n,
+        ctx_size=n * 2048,
+        batch_size=512,
+        threads=args.threads,
+        threads_batch=args.threads,
+        spec="off",
+        flash_attn=args.flash_attn,
     )
     engines = {layout: make_engine(base.replace(kv_layout=layout)) for layout in ("unified", "per-seq")}
     try:

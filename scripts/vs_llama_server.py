@@ -67,6 +67,12 @@ def main() -> int:
     )
     ap.add_argument("--parallel", type=int, default=16, help="Slots / streams decoded together.")
     ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument(
+        "--flash-attn",
+        default="off",
+        choices=["on", "off", "auto"],
+        help="Passed to all three: matching settings (edgeinfer's auto is off on the CPU, llama-server's is on).",
+    )
     ap.add_argument("--spec", default="auto", help="edgeinfer's --spec (its default: auto).")
     ap.add_argument("--workloads", default="chat,agent,multi-agent")
     ap.add_argument("--concurrency", default="1,4,16")
@@ -88,6 +94,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the servers are stopped on the way out
     common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", str(args.ctx_size)]
     common += ["--parallel", str(args.parallel), "--batch-size", str(args.batch_size), "--ubatch-size", "512"]
+    common += ["--flash-attn", args.flash_attn]
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-vs-") as tmp:
         folder = Path(tmp)

@@ -167,3 +167,16 @@ def test_bench_with_speculation_compares_on_and_off(runner):
     assert level["spec ngram"]["warm"]["decode_tps"] > 0 and level["spec off"]["warm"]["decode_tps"] > 0
     assert level["spec off"]["warm"]["acceptance"] is None  # nothing drafted
     assert level["spec ngram"]["warm"]["acceptance"] is not None  # code-edit repeats its prompt: drafts happen
+
+
+def test_flash_attention_auto_is_off_on_the_cpu_and_said_so():
+    """On the CPU llama.cpp's auto turns flash attention on, which halves decode speed at long contexts."""
+    from edgeinfer.cli.commands import kv_summary
+    from edgeinfer.llamacpp import resolve_flash_attn
+    from edgeinfer.options import EngineConfig
+
+    assert resolve_flash_attn("auto", "f16", 0) == "off"
+    assert resolve_flash_attn("on", "f16", 0) == "on"
+    assert resolve_flash_attn("auto", "q8_0", 0) == "auto"  # a quantized V cache needs it
+    assert "flash attention off (auto, CPU only)" in kv_summary(EngineConfig())
+    assert kv_summary(EngineConfig(flash_attn="on")).endswith("flash attention on")

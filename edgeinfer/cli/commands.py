@@ -112,12 +112,17 @@ def default_kv_dir() -> Path:
 
 
 def kv_summary(config: EngineConfig) -> str:
-    """What the KV layout gives each stream, as llama.cpp will size it (rounded up to 256 cells)."""
+    """What the KV layout gives each stream, as llama.cpp will size it (rounded up to 256 cells),
+    and what --flash-attn auto comes to on this machine."""
+    from edgeinfer.llamacpp import resolve_flash_attn
+
+    fa = resolve_flash_attn(config.flash_attn, config.kv_type, config.gpu_layers)
+    attention = f"flash attention {fa}" + (" (auto, CPU only)" if fa != config.flash_attn else "")
     pad = lambda n: -(-n // 256) * 256  # noqa: E731
     if config.kv_layout == "unified":
-        return f"unified, {pad(config.ctx_size)} cells shared by up to {config.parallel} streams"
+        return f"unified, {pad(config.ctx_size)} cells shared by up to {config.parallel} streams; {attention}"
     per = pad(pad(config.ctx_size) // config.parallel)
-    return f"per-seq, {config.parallel} streams of {per} cells each (--ctx-size / --parallel)"
+    return f"per-seq, {config.parallel} streams of {per} cells each (--ctx-size / --parallel); {attention}"
 
 
 @main.command()

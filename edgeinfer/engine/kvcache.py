@@ -219,7 +219,7 @@ def make_store(config: EngineConfig, model: Model, ctx: Context) -> KvStore | No
     if config.cache_dir is not None:
         # Bytes restore only into the same model, KV type, layout and stream count (llama.cpp checks the
         # shapes, not the weights; the file hash covers those).
-        layout = f"{config.kv_type}-{'unified' if ctx.kv_unified else f'per-seq{ctx.n_seq_max}'}-fa{config.flash_attn}"
+        layout = f"{config.kv_type}-{'unified' if ctx.kv_unified else f'per-seq{ctx.n_seq_max}'}-fa{ctx.flash_attn}"
         identity = f"{file_identity(model.path)}-{layout}"
         disk = DiskTier(config.cache_dir, identity, config.cache_dir_max << 20)
     return KvStore(config.cache_ram << 20, disk)
