@@ -4,11 +4,13 @@ real `edgeinfer serve` processes on a Unix socket, and the in-process serve and 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -405,6 +407,42 @@ def test_serve_with_dashboard(tmp_path, model_path):
 
     serve_with_dashboard(app, sock, grace_s=1, run=run_headless(script, SIZE))
     assert not sock.exists(), "quitting the dashboard leaves the socket behind"
+
+
+def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model_path):
+    """q in `serve --dashboard` stops the server as SIGTERM does: a stream in flight runs to its end."""
+    sock = tmp_path / "g.sock"
+    app = make_server(EngineConfig(model=model_path, parallel=2, ctx_size=1024, threads=1, threads_batch=1))
+    body = {"model": "default", "messages": [{"role": "user", "content": "Write a long essay about rivers."}]}
+    body |= {"max_tokens": 120, "ignore_eos": True, "stream": True, "temperature": 0}
+    lines: list[str] = []
+    started = threading.Event()
+
+    def client() -> None:
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with (
+            httpx.Client(transport=transport, base_url="http://x", timeout=300) as http,
+            http.stream("POST", "/v1/chat/completions", json=body) as r,
+        ):
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    reader = threading.Thread(target=client, daemon=True)
+
+    async def script(dash: Dashboard, pilot: Any) -> None:
+        await until(pilot, lambda: dash.status_text() == f"● unix:{sock}", "the in-process server", timeout=60)
+        reader.start()
+        await until(pilot, started.is_set, "the stream under way", timeout=60)
+        await pilot.press("q")
+
+    serve_with_dashboard(app, sock, grace_s=600, run=run_headless(script, SIZE))
+    reader.join(60)
+    events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
+    assert "data: [DONE]" in lines, "quitting the dashboard cut the stream before its end"
+    assert not [e for e in events if "error" in e]
+    assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["length"]
+    assert not sock.exists()
 
 
 def test_bench_with_dashboard_shares_the_engine(model_path):

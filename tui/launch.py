@@ -8,8 +8,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import uvicorn
-
 from edgeinfer.errors import EdgeInferError
 
 from .app import Dashboard, make_dashboard
@@ -68,28 +66,12 @@ def serve_with_dashboard(
 
     Quitting the dashboard stops the server as SIGTERM would: streams get grace_s to finish.
     """
-    from edgeinfer.server.listen import bind_tcp, bind_unix_socket
+    from edgeinfer.server.listen import serve
 
-    sockets = [bind_unix_socket(socket_path)]
-    try:
-        if tcp is not None:
-            sockets.append(bind_tcp(*tcp))
-        # log_config=None: uvicorn's own handlers would write to the terminal the dashboard draws on.
-        config = uvicorn.Config(
-            app, log_config=None, access_log=False, timeout_graceful_shutdown=max(1, round(grace_s)), lifespan="on"
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="edgeinfer-serve", daemon=True)
-        thread.start()
-        try:
-            run(make_dashboard(SocketSource(socket_path, api_key, interval, retry_s=0.5)))
-        finally:
-            server.should_exit = True
-            thread.join(grace_s + 10)
-    finally:
-        for s in sockets:
-            s.close()
-        socket_path.unlink(missing_ok=True)
+    def dashboard() -> None:
+        run(make_dashboard(SocketSource(socket_path, api_key, interval, retry_s=0.5)))
+
+    serve(app, socket_path, tcp, grace_s, foreground=dashboard)
 
 
 def bench_with_dashboard(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,11 +88,20 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace_s: float = 10.0) -> None:
+def serve(
+    app: Any,
+    socket_path: Path | None,
+    tcp: tuple[str, int] | None,
+    grace_s: float = 10.0,
+    foreground: Callable[[], None] | None = None,
+) -> None:
     """Run until SIGINT/SIGTERM; then stop accepting, let streams finish for grace_s, cancel, remove the socket.
 
     The routes end what is still running at the grace's end with a clean "shutting down" error;
     uvicorn's own limit, CUT_MARGIN_S and a second later, cancels anything left.
+    With `foreground` (the dashboard), the server runs on a thread and foreground() in this one;
+    its return stops the server as SIGTERM would, with the same grace, and uvicorn logs nothing
+    (its handlers would write to the terminal the dashboard draws on).
     """
     state = app.state.edgeinfer
     state.grace_s = grace_s
@@ -103,10 +114,15 @@ def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace
     try:
         if tcp is not None:
             sockets.append(bind_tcp(*tcp))
+        logs: dict[str, Any] = {"log_level": "warning"} if foreground is None else {"log_config": None}
         config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=math.ceil(grace_s + CUT_MARGIN_S) + 1, lifespan="on"
+            app, timeout_graceful_shutdown=math.ceil(grace_s + CUT_MARGIN_S) + 1, lifespan="on", **logs
         )
-        _Server(config, state).run(sockets=sockets)
+        server = _Server(config, state)
+        if foreground is None:
+            server.run(sockets=sockets)
+        else:
+            _run_beside(server, sockets, foreground, grace_s)
     finally:
         for s in sockets:
             s.close()
@@ -115,6 +131,16 @@ def serve(app: Any, socket_path: Path | None, tcp: tuple[str, int] | None, grace
     engine = state.engine
     if engine is not None and engine.fatal_error is not None:
         raise EngineFailedError(f"the engine stopped ({engine.fatal_error}); the server shut down, start it again")
+
+
+def _run_beside(server: _Server, sockets: list[socket.socket], foreground: Callable[[], None], grace_s: float) -> None:
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="edgeinfer-serve", daemon=True)
+    thread.start()
+    try:
+        foreground()
+    finally:
+        server.handle_exit(signal.SIGTERM, None)
+        thread.join(grace_s + CUT_MARGIN_S + 10)
 
 
 def _remover(path: Path) -> Callable[[], None]:
