@@ -139,3 +139,34 @@ def test_a_server_whose_engine_stopped_says_so_and_exits_non_zero(model_path, tm
     assert not thread.is_alive(), "the server kept running after its engine stopped"
     assert isinstance(outcome.get("error"), EngineFailedError) and "scheduler bug" in str(outcome["error"])
     assert not sock.exists()
+
+
+def test_stats_read_while_the_engine_appends_never_fail(model_path):
+    """Defect: snapshot() read the metrics windows outside the engine's lock, so an append in the same
+    instant could end /metrics or the stats stream with "deque mutated during iteration"."""
+    with make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096, spec="off")) as eng:
+        handles = [
+            eng.submit(chat(eng, f"Story {i}."), SamplingParams(max_tokens=48, ignore_eos=True))[0] for i in range(8)
+        ]
+        errors: list[BaseException] = []
+        reads = 0
+        stop = threading.Event()
+
+        def reader():
+            nonlocal reads
+            while not stop.is_set():
+                try:
+                    eng.snapshot()
+                    reads += 1
+                except BaseException as e:
+                    errors.append(e)
+
+        threads = [threading.Thread(target=reader, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        results = [h.result() for h in handles]
+        stop.set()
+        for t in threads:
+            t.join(10)
+        assert not errors, errors[:3]
+        assert reads > 10 and all(r.finish_reason == "length" for r in results)
