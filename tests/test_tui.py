@@ -409,12 +409,12 @@ def test_serve_with_dashboard(tmp_path, model_path):
     assert not sock.exists(), "quitting the dashboard leaves the socket behind"
 
 
-def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model_path):
-    """q in `serve --dashboard` stops the server as SIGTERM does: a stream in flight runs to its end."""
+def _quit_dashboard_mid_stream(tmp_path: Path, model_path: Path, grace_s: float, max_tokens: int) -> list[str]:
+    """Serve with the dashboard, start one stream, press q once it runs; the stream's SSE lines."""
     sock = tmp_path / "g.sock"
-    app = make_server(EngineConfig(model=model_path, parallel=2, ctx_size=1024, threads=1, threads_batch=1))
+    app = make_server(EngineConfig(model=model_path, parallel=2, ctx_size=4096, threads=1, threads_batch=1))
     body = {"model": "default", "messages": [{"role": "user", "content": "Write a long essay about rivers."}]}
-    body |= {"max_tokens": 120, "ignore_eos": True, "stream": True, "temperature": 0}
+    body |= {"max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}
     lines: list[str] = []
     started = threading.Event()
 
@@ -436,13 +436,28 @@ def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model
         await until(pilot, started.is_set, "the stream under way", timeout=60)
         await pilot.press("q")
 
-    serve_with_dashboard(app, sock, grace_s=600, run=run_headless(script, SIZE))
+    serve_with_dashboard(app, sock, grace_s=grace_s, run=run_headless(script, SIZE))
     reader.join(60)
+    assert not sock.exists()
+    return lines
+
+
+def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model_path):
+    """q in `serve --dashboard` stops the server as SIGTERM does: a stream in flight runs to its end."""
+    lines = _quit_dashboard_mid_stream(tmp_path, model_path, grace_s=600, max_tokens=120)
     events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
     assert "data: [DONE]" in lines, "quitting the dashboard cut the stream before its end"
     assert not [e for e in events if "error" in e]
     assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["length"]
-    assert not sock.exists()
+
+
+def test_quitting_the_dashboard_ends_streams_past_grace_with_an_error(tmp_path, model_path):
+    """Defect: the dashboard's server stopped by setting uvicorn's flag, so the routes never saw the
+    shutdown begin and a stream still running at the grace's end got no shutting_down error."""
+    lines = _quit_dashboard_mid_stream(tmp_path, model_path, grace_s=1, max_tokens=1800)
+    events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
+    errors = [e["error"]["message"] for e in events if "error" in e]
+    assert len(errors) == 1 and "shutting down" in errors[0] and "--grace" in errors[0], (errors, lines[-3:], len(lines))
 
 
 def test_bench_with_dashboard_shares_the_engine(model_path):
