@@ -457,7 +457,11 @@ def test_quitting_the_dashboard_ends_streams_past_grace_with_an_error(tmp_path, 
     lines = _quit_dashboard_mid_stream(tmp_path, model_path, grace_s=1, max_tokens=1800)
     events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
     errors = [e["error"]["message"] for e in events if "error" in e]
-    assert len(errors) == 1 and "shutting down" in errors[0] and "--grace" in errors[0], (errors, lines[-3:], len(lines))
+    assert len(errors) == 1 and "shutting down" in errors[0] and "--grace" in errors[0], (
+        errors,
+        lines[-3:],
+        len(lines),
+    )
 
 
 def test_bench_with_dashboard_shares_the_engine(model_path):
