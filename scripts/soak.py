@@ -53,6 +53,8 @@ class Soak:
         self.greedy: dict[str, str] = {}  # prompt -> whole greedy answer
         self.streamed: list[tuple[str, str]] = []  # (prompt, streamed greedy text)
         self.hung: list[str] = []
+        self.longest_stall = 0.0  # seconds the engine had work but took no step
+        self.stall_picture = ""
         self.oai = async_client(sock, timeout=hang_s).with_options(max_retries=0)
         self.http = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=hang_s
@@ -125,6 +127,26 @@ class Soak:
     async def stats(self) -> dict[str, Any]:
         return (await self.http.get("/v1/edgeinfer/stats")).json()  # type: ignore[no-any-return]
 
+    async def watch(self, until: float) -> None:
+        """Once a second: the engine must step while it has work; note the longest time it did not."""
+        last_steps, since = -1, time.monotonic()
+        while time.monotonic() < until:
+            await asyncio.sleep(1.0)
+            try:
+                st = await self.stats()
+            except httpx.HTTPError:
+                continue
+            now, steps = time.monotonic(), st["steps"]["count"]
+            busy = st["requests"]["running"] + st["requests"]["waiting"] > 0
+            if steps != last_steps or not busy:
+                last_steps, since = steps, now
+            elif now - since > self.longest_stall:
+                self.longest_stall = now - since
+                rows = [(r["id"], r["state"], r["prompt_tokens"], r["generated_tokens"]) for r in st["streams"]]
+                self.stall_picture = f"running {st['requests']['running']}, waiting {st['requests']['waiting']}, "
+                kv = st["kv"]["used_cells"]
+                self.stall_picture += f"KV {kv} cells; streams (id, state, prompt, generated): {rows}"
+
 
 async def in_flight_at_sigterm(soak: Soak, proc: subprocess.Popen[str], streams: int) -> collections.Counter[str]:
     """Start streams, SIGTERM once they run, and see how each ends."""
@@ -163,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx-size", type=int, default=8192)
     ap.add_argument("--grace", type=float, default=30)
     ap.add_argument("--hang-s", type=float, default=180, help="a request unanswered this long is hung")
+    ap.add_argument("--stall-s", type=float, default=10, help="the engine idle this long with work is stalled")
     ap.add_argument("--cache-ram", type=int, default=256, help="the server's --cache-ram, MiB [256]")
     ap.add_argument(
         "--rss-mb", type=float, default=300, help="largest allowed resident memory growth beyond --cache-ram [300]"
@@ -199,7 +222,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
         await asyncio.sleep(0.2)
     rss0 = rss_kb(proc.pid)
     until = time.monotonic() + args.duration
-    await asyncio.gather(*(soak.worker(i, until) for i in range(args.clients)))
+    await asyncio.gather(soak.watch(until), *(soak.worker(i, until) for i in range(args.clients)))
     await asyncio.sleep(1.0)  # cancelled streams' last step
     stats = await soak.stats()
     rss1 = rss_kb(proc.pid)
@@ -216,6 +239,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     checks = {
         "zero 5xx": fivexx == 0,
         "zero hung requests": soak.outcomes["hung"] == 0 and ends["at SIGTERM: hung"] == 0,
+        f"the engine never stalled {args.stall_s:g} s with work": soak.longest_stall < args.stall_s,
         "no connection lost mid-request": soak.outcomes["connection lost"] == 0,
         "bad bodies answered 4xx with JSON": not any("NOT 4xx" in k for k in soak.outcomes),
         "idle: nothing running or waiting": req["running"] == 0 and req["waiting"] == 0,
@@ -232,6 +256,11 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     for k, n in sorted({**soak.outcomes, **ends}.items()):
         print(f"  {k:<44} {n}")
     print(f"engine finished streams: {req['finished']}")
+    if soak.hung:
+        print(f"hung requests by kind: {dict(collections.Counter(soak.hung))}")
+    print(f"longest time the engine had work but took no step: {soak.longest_stall:.1f} s")
+    if soak.stall_picture:
+        print(f"  then: {soak.stall_picture[:2000]}")
     saved = f"{cache.get('ram_entries', 0)} saved conversations, {cache.get('ram_bytes', 0) >> 20} MiB"
     print(f"KV used {kv['used_cells']} cells; RAM tier {saved}; RSS {rss0 // 1024} -> {rss1 // 1024} MB")
     print(f"streamed vs whole greedy text: {compared - len(mismatched)}/{compared} equal", end="")
