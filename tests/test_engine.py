@@ -51,11 +51,20 @@ def test_n_streams_sample_independently_at_temperature(engine):
     assert len(texts) > 1
 
 
-def test_seed_makes_sampling_reproducible(engine):
+def test_seed_makes_sampling_reproducible(engine, model_path):
+    """The same seeded request gives the same tokens when the cache is in the same state.
+
+    A prompt restored from the cache computes its last token alone where the cold run computed
+    it in the prompt's batch; llama.cpp's CPU kernels round the two batch shapes differently
+    (0.16 nats on this prompt's first token), so a cold run and a warm one may part at
+    temperature > 0, as packed and alone runs may (README, Packed and alone).
+    """
     params = SamplingParams(temperature=0.9, max_tokens=24, seed=1234)
-    a = engine.generate(chat(engine, "Tell me a story."), params)
-    b = engine.generate(chat(engine, "Tell me a story."), params)
-    assert a.token_ids == b.token_ids
+    warm = [engine.generate(chat(engine, "Tell me a story."), params) for _ in range(3)]
+    assert warm[1].stats.cached_tokens > 0 and warm[1].token_ids == warm[2].token_ids
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=2048, cache_ram=0)) as cold:
+        a, b = (cold.generate(chat(cold, "Tell me a story."), params) for _ in range(2))
+    assert a.stats.cached_tokens == 0 and a.token_ids == b.token_ids
 
 
 def test_max_tokens_gives_length_finish(engine):
