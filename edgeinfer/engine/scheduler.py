@@ -186,8 +186,7 @@ class Scheduler:
         # The decode has landed every pending copy: those sequences may be saved and reused again.
         self._copying.clear()
         if self._quarantine:
-            self.free_seqs.extend(self._quarantine)
-            self.free_seqs.sort(reverse=True)
+            self._free(self._quarantine)
             self._quarantine.clear()
         self._complete(plan)
         ended = []
@@ -365,6 +364,9 @@ class Scheduler:
         if seq in self._copying:
             self._quarantine.append(seq)
         else:
-            # The lowest free sequence goes out first, so the running ones stay consecutive.
-            self.free_seqs.append(seq)
-            self.free_seqs.sort(reverse=True)
+            self._free([seq])
+
+    def _free(self, seqs: list[int]) -> None:
+        # Highest first: pop() hands out the lowest free sequence, so the running ones stay consecutive.
+        self.free_seqs.extend(seqs)
+        self.free_seqs.sort(reverse=True)
