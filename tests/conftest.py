@@ -6,8 +6,10 @@ Tests that load a model carry the `model` marker (set here from their fixtures o
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -115,3 +117,8 @@ def _private_user_dirs(tmp_path_factory):
         mp.setenv("XDG_DATA_HOME", str(root / "data"))
         mp.setenv("EDGEINFER_CONFIG", str(root / "config" / "config.toml"))
         yield root
+
+
+def sse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON events of an SSE stream's lines, without the closing [DONE]."""
+    return [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and ln[5:].strip() != "[DONE]"]

@@ -18,7 +18,7 @@ import pytest
 
 from edgeinfer.client import async_client, client
 
-from .conftest import stop_process
+from .conftest import sse_events, stop_process
 
 MODEL = "default"
 
@@ -436,10 +436,6 @@ def test_stale_socket_is_replaced_and_sigterm_removes_it(tmp_path):
     assert not sock.exists()
 
 
-def sse_lines(r: httpx.Response) -> list[dict]:
-    return [json.loads(ln[5:]) for ln in r.iter_lines() if ln.startswith("data:") and ln[5:].strip() != "[DONE]"]
-
-
 def test_sigterm_lets_streams_finish_within_grace(tmp_path):
     """Streams in flight at SIGTERM run to their end (inside --grace); then the server exits, socket gone."""
     sock = tmp_path / "g.sock"
@@ -451,7 +447,7 @@ def test_sigterm_lets_streams_finish_within_grace(tmp_path):
         first = [next(lines) for _ in range(4)]  # the stream is under way
         proc.send_signal(signal.SIGTERM)
         rest = list(lines)
-    events = [json.loads(ln[5:]) for ln in first + rest if ln.startswith("data:") and "[DONE]" not in ln]
+    events = sse_events(first + rest)
     assert "data: [DONE]" in rest, "the stream was cut before its end"
     assert not [e for e in events if "error" in e]
     assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["length"]
@@ -469,7 +465,7 @@ def test_streams_past_grace_end_with_an_error_and_the_server_exits(tmp_path):
         first = [next(lines) for _ in range(4)]
         proc.send_signal(signal.SIGTERM)
         rest = list(lines)
-    events = [json.loads(ln[5:]) for ln in first + rest if ln.startswith("data:") and "[DONE]" not in ln]
+    events = sse_events(first + rest)
     errors = [e["error"]["message"] for e in events if "error" in e]
     assert len(errors) == 1 and "shutting down" in errors[0] and "--grace" in errors[0], errors
     assert proc.wait(60) in (0, -signal.SIGTERM)

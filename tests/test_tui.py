@@ -4,7 +4,6 @@ real `edgeinfer serve` processes on a Unix socket, and the in-process serve and 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import re
@@ -33,7 +32,7 @@ from edgeinfer.tui.launch import BenchmarkStopped, bench_with_dashboard, run_hea
 from edgeinfer.tui.sources import ScriptedSource, SocketSource
 from edgeinfer.tui.widgets import HelpScreen, KvBar, StreamsTable
 
-from .conftest import stop_process
+from .conftest import sse_events, stop_process
 
 SIZE = (120, 36)
 SNAPSHOT_SVG = Path(__file__).parent / "snapshots" / "dashboard.svg"
@@ -445,7 +444,7 @@ def _quit_dashboard_mid_stream(tmp_path: Path, model_path: Path, grace_s: float,
 def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model_path):
     """q in `serve --dashboard` stops the server as SIGTERM does: a stream in flight runs to its end."""
     lines = _quit_dashboard_mid_stream(tmp_path, model_path, grace_s=600, max_tokens=120)
-    events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
+    events = sse_events(lines)
     assert "data: [DONE]" in lines, "quitting the dashboard cut the stream before its end"
     assert not [e for e in events if "error" in e]
     assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["length"]
@@ -455,7 +454,7 @@ def test_quitting_the_dashboard_ends_streams_past_grace_with_an_error(tmp_path, 
     """Defect: the dashboard's server stopped by setting uvicorn's flag, so the routes never saw the
     shutdown begin and a stream still running at the grace's end got no shutting_down error."""
     lines = _quit_dashboard_mid_stream(tmp_path, model_path, grace_s=1, max_tokens=1800)
-    events = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
+    events = sse_events(lines)
     errors = [e["error"]["message"] for e in events if "error" in e]
     assert len(errors) == 1 and "shutting down" in errors[0] and "--grace" in errors[0], (
         errors,
