@@ -24,6 +24,8 @@ FlashAttn = Literal["auto", "on", "off"]
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string
+MAX_GRAMMAR_CHARS = 65_536  # characters of one schema or grammar
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 
 
 def flag(name: str) -> str:
@@ -195,6 +197,16 @@ class SamplingFields(BaseModel):
 SAMPLING_FIELDS = frozenset(SamplingFields.model_fields)
 
 
+class Grammar(BaseModel):
+    """An output constraint: a JSON Schema (as JSON text), a Lark grammar (llguidance's dialect) or a regex."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["json_schema", "lark", "regex"]
+    source: str = Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    origin: str = "grammar"  # the request field it came from, named in errors
+
+
 class SamplingParams(SamplingFields):
     """How one request samples, as the engine takes it; temperature 0 is greedy. Defaults follow llama.cpp's."""
 
@@ -202,6 +214,10 @@ class SamplingParams(SamplingFields):
         None, ge=1, description="Tokens to generate at most [default: the engine's share of the context]."
     )
     logprobs: int | None = Field(None, ge=0, le=20, description="Log-probabilities of the top k alternatives.")
+    grammar: Grammar | None = Field(None, description="Constrain the output to this schema or grammar.")
+    logit_bias: Annotated[dict[int, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)] = (
+        Field(default_factory=dict, description="Added to the logits of these token ids (-100 bans a token).")
+    )
 
     def __init__(self, **values: Any) -> None:
         try:

@@ -511,7 +511,7 @@ class _FakeEngine:
     def __init__(self):
         self.threads: list[str] = []
 
-    def chat_prompt(self, messages):
+    def chat_prompt(self, messages, tools=None):
         import threading
 
         self.threads.append(threading.current_thread().name)

@@ -92,7 +92,8 @@ def engine_options(command: str) -> Callable[[F], F]:
 
 def sampling_options(*skip: str) -> Callable[[F], F]:
     """The sampling settings a person sets on the command line."""
-    names = [n for n in SamplingParams.model_fields if n not in ("ignore_eos", "logprobs", *skip)]
+    hidden = ("ignore_eos", "logprobs", "grammar", "logit_bias", *skip)
+    names = [n for n in SamplingParams.model_fields if n not in hidden]
     return options_from(SamplingParams, names)
 
 

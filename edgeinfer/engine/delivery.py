@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer.engine.grammar import Guide
 from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.step import Status, StepOutput, Stream
 from edgeinfer.engine.text import TextStream
@@ -92,6 +93,8 @@ class Live:
     t_first: float = 0.0
     t_last: float = 0.0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    guide: Guide | None = None  # the stream's grammar, if its request has one
+    error: str | None = None  # why the stream ended with an error, when the step found out
 
 
 class Delivery:
@@ -107,15 +110,25 @@ class Delivery:
         self.live[live.stream.id] = live
 
     def tokens(
-        self, s: Stream, tokens: list[int], now: float, n_rejected: int = 0, lp: TokenLogprob | None = None
+        self,
+        s: Stream,
+        tokens: list[int],
+        now: float,
+        n_rejected: int = 0,
+        lp: TokenLogprob | None = None,
+        in_kv: bool = True,
     ) -> StepOutput:
-        """Hand a stream its new tokens, up to the one it ends on if it does."""
+        """Hand a stream its new tokens, up to the one it ends on if it does.
+
+        in_kv: the tokens before the last are in the KV already (accepted drafts), rather than
+        forced by a grammar and still to be computed."""
         live = self.live[s.id]
         for j, token in enumerate(tokens):
-            status = self._emit(live, token, s.n_generated + j + 1, now, lp)
+            status = self._emit(live, token, s.n_generated + j + 1, now, lp if j == 0 else None)
             if status is not None:
-                # Ended early: the accepted positions after this token leave the KV too.
-                return StepOutput(s, tokens[: j + 1], n_rejected + len(tokens) - 1 - j, status)
+                # Ended early: accepted positions after this token leave the KV too.
+                dropped = len(tokens) - 1 - j if in_kv else 0
+                return StepOutput(s, tokens[: j + 1], n_rejected + dropped, status)
         return StepOutput(s, tokens, n_rejected)
 
     def _emit(self, live: Live, token: int, n_generated: int, now: float, lp: TokenLogprob | None) -> Status | None:
@@ -161,7 +174,8 @@ class Delivery:
         reason = FINISH_REASONS[s.status]
         self.metrics.finish(reason)
         gen = s.tokens[s.n_prompt :]
-        self.outbox.push(live.handle, Finish(s.index, reason, live.text.text, gen, stats, live.logprobs or None, error))
+        finish = Finish(s.index, reason, live.text.text, gen, stats, live.logprobs or None, error or live.error)
+        self.outbox.push(live.handle, finish)
 
 
 class Outbox:

@@ -8,7 +8,7 @@ One step, and the layer that owns each part:
   speculator.propose(running)      -> drafts by stream id            (edgeinfer.speculative)
   scheduler.schedule(drafts)       -> StepPlan: KV ops, batch items  (scheduler.py)
   ctx.decode(batch)                                                   (edgeinfer.llamacpp)
-  sample / verify each item        -> StepOutput per stream          (sampling.py, here)
+  sample / verify each item        -> StepOutput per stream          (sampling.py, grammar.py, here)
   scheduler.postprocess(plan, outs) -> the streams that ended
 """
 
@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
+from edgeinfer.engine.grammar import Grammars, next_tokens
 from edgeinfer.engine.kvcache import ContextKv, make_store
 from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
@@ -90,6 +91,7 @@ class Engine:
         )
         self.metrics = Metrics()
         self.delivery = Delivery(self.vocab, self.metrics)  # guarded by _lock
+        self.grammars = Grammars(self.vocab)
         self._batch = Batch(self.ctx.n_batch)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -104,9 +106,9 @@ class Engine:
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_special=True, parse_special=special)
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render messages with the model's template and tokenize (special tokens parsed)."""
-        text = self.template.render(messages, add_generation_prompt=True)
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
+        """Render messages (and tools, where the template writes them) with the model's template; tokenize."""
+        text = self.template.render(messages, add_generation_prompt=True, tools=tools)
         bos = self.template.bos
         if self.vocab.add_bos and bos and text.startswith(bos):
             text = text[len(bos) :]  # the tokenizer adds BOS itself
@@ -127,6 +129,7 @@ class Engine:
         params = params or SamplingParams()
         tokens = (self.tokenize(prompt) if prompt else []) if isinstance(prompt, str) else list(prompt)
         max_new = check_request(tokens, n, params, self)
+        guides = self.grammars.guides(self.grammars.compile(params.grammar), n) if params.grammar else [None] * n
         t_submit = time.perf_counter()
         with self._lock:
             if self.fatal_error is not None:
@@ -135,10 +138,10 @@ class Engine:
                 raise EngineClosedError("the engine is shutting down; no new requests are taken")
             group = self.sched.add(tokens, n, max_new)
             handles = []
-            for s in group.streams:
+            for s, guide in zip(group.streams, guides, strict=True):
                 h = StreamHandle(s.id, s.index, self.cancel, loop)
                 sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens)
-                self.delivery.open(Live(s, h, params, sampler, TextStream(params.stop), t_submit))
+                self.delivery.open(Live(s, h, params, sampler, TextStream(params.stop), t_submit, guide=guide))
                 if self.spec is not None:
                     self.spec.attach(s, params)
                 handles.append(h)
@@ -301,7 +304,7 @@ class Engine:
         if self.spec is None or not self.spec_enabled:
             return {}
         try:
-            return self.spec.propose(self.sched.running, self._prefill_estimate())
+            return self.spec.propose(self.sched.running, self.ctx.n_batch)
         except BaseException as e:
             self._drafter_failed(e)
             return {}
@@ -350,14 +353,16 @@ class Engine:
 
     def _sample(self, s: Stream, row: int, now: float) -> StepOutput:
         live = self.delivery.live[s.id]
-        token = live.sampler.sample(self.ctx, row)
+        tokens = next_tokens(live, self.ctx, row)  # the sampled token, then any its grammar forces
+        if tokens is None:
+            return StepOutput(s, [], status=Status.ERROR)
         lp = None
         if live.params.logprobs is not None:
-            lp = logprob(self.ctx, self.vocab, row, token, live.params.logprobs)
+            lp = logprob(self.ctx, self.vocab, row, tokens[0], live.params.logprobs)
             live.logprobs.append(lp)
-        output = self.delivery.tokens(s, [token], now, lp=lp)
+        output = self.delivery.tokens(s, tokens, now, lp=lp, in_kv=False)
         if output.status is None and self.spec is not None:
-            self.spec.emitted(s, [token])
+            self.spec.emitted(s, tokens)
         return output
 
     def _finish_event(self, s: Stream, error: str | None = None) -> None:
@@ -366,11 +371,6 @@ class Engine:
             drafted, accepted = self.spec.drafted_for(s.id)
             self.spec.detach(s)
         self.delivery.finish(s, drafted, accepted, error)
-
-    def _prefill_estimate(self) -> int:
-        """Prompt tokens the next step will likely carry (for the speculation cost model)."""
-        left = sum(len(s.tokens) - s.n_computed for s in self.sched.running if len(s.tokens) - s.n_computed > 1)
-        return min(left, self.ctx.n_batch)
 
     def _drafter_failed(self, error: BaseException) -> None:
         """Drafting broke (e.g. the draft context is full): go on without speculation."""

@@ -25,6 +25,7 @@ def make_sampler(p: SamplingParams, n_vocab: int, index: int = 0, prompt: list[i
         presence_penalty=p.presence_penalty,
         repeat_last_n=p.repeat_last_n,
         seed=None if p.seed is None else p.seed + index,
+        logit_bias=p.logit_bias,
     )
     if p.has_penalties and prompt and p.repeat_last_n:
         for t in prompt[-p.repeat_last_n :]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -49,7 +50,9 @@ class ChatTemplate:
 
         return cls(model.chat_template(), bos=text(vocab.bos), eos=text(vocab.eos))
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
+    ) -> str:
         check_messages(messages)
         try:
             return self._tmpl.render(
@@ -57,9 +60,20 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos,
                 eos_token=self.eos,
+                tools=tools or None,
             )
         except jinja2.TemplateError as e:
             raise RequestError(f"the chat template failed on these messages ({e})", "messages") from None
+
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the template writes a request's tools into the prompt itself (many do not)."""
+        probe = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "probe_tool_x", "description": "", "parameters": {}}}
+        try:
+            return "probe_tool_x" in self.render(probe, tools=[tool])
+        except RequestError:
+            return False
 
 
 def check_messages(messages: list[dict[str, Any]]) -> None:

@@ -128,7 +128,8 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     elif err.get("type") == "extra_forbidden":
         message = f"{param} is not a supported field"
     else:
-        message = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
+        msg = str(err.get("msg")).removeprefix("Value error, ")
+        message = f"{param}: {msg}" if param else msg
     return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
 

@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException
 from edgeinfer.engine import Engine, StreamHandle
 from edgeinfer.errors import EdgeInferError, RequestError
 from edgeinfer.events import Chunk, Finish
-from edgeinfer.options import SamplingParams
-from edgeinfer.server import wire
+from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.server import tools, wire
 from edgeinfer.server.app import ServerState
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
 
@@ -91,9 +91,9 @@ async def chat_completions(request: Request, req: ChatRequest) -> Any:
     engine = state.ready()
     _check_model(req.model, state.model_id)
     # Templating and tokenizing take time in proportion to the prompt: off the event loop.
-    prompt = await asyncio.to_thread(engine.chat_prompt, req.chat_messages())
-    handles = await _submit(engine, prompt, req.to_sampling(), req.n)
-    fmt = wire.ChatFormat(state.model_id, req.logprobs)
+    prompt, params = await asyncio.to_thread(_chat_input, engine, req)
+    handles = await _submit(engine, prompt, params, req.n)
+    fmt = wire.ChatFormat(state.model_id, req.logprobs, tools.uses_tools(req))
     usage = bool(req.stream_options and req.stream_options.include_usage)
     return await _respond(request, state, handles, fmt, req.stream, usage)
 
@@ -113,6 +113,29 @@ async def completions(request: Request, req: CompletionRequest) -> Any:
 
 
 router.include_router(guarded)
+
+
+def _chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams]:
+    """The prompt (messages, and tools where the template writes them) and the sampling, grammar included."""
+    native = tools.uses_tools(req) and engine.template.renders_tools
+    messages = tools.chat_messages(req, native)
+    prompt = engine.chat_prompt(messages, [t.model_dump() for t in req.tools or []] if native else None)
+    fmt = req.response_format.grammar() if req.response_format is not None else None
+    grammar = tools.tools_grammar(req) or fmt
+    if tools.uses_tools(req):
+        assert req.tools is not None
+        if fmt is not None:
+            engine.grammars.compile(fmt)
+        for i, t in enumerate(req.tools):  # each schema on its own, so that an error names its tool
+            if t.function.parameters is not None:
+                engine.grammars.compile(
+                    Grammar(
+                        kind="json_schema",
+                        source=json.dumps(t.function.parameters),
+                        origin=f"tools[{i}].function.parameters",
+                    )
+                )
+    return prompt, req.to_sampling(grammar)
 
 
 class ModelNotFound(EdgeInferError):
@@ -243,15 +266,16 @@ async def _sse(
                 yield {"data": json.dumps(fmt.first_chunk(i))}
         async for ev in _events(handles):
             if isinstance(ev, Chunk):
-                if ev.text or ev.logprob is not None:
-                    yield {"data": json.dumps(fmt.chunk(ev))}
+                if (ev.text or ev.logprob is not None) and (chunk := fmt.chunk(ev)) is not None:
+                    yield {"data": json.dumps(chunk)}
             else:
                 finishes.append(ev)
                 if ev.finish_reason == "error":
                     yield {"data": json.dumps(error_body(ev.error or "generation failed", "server_error"))}
                 elif ev.finish_reason == "cancelled" and cut:
                     yield {"data": json.dumps(_shutting_down("stream", state.grace_s))}
-                yield {"data": json.dumps(fmt.final_chunk(ev))}
+                for chunk in fmt.final_chunks(ev):
+                    yield {"data": json.dumps(chunk)}
         if include_usage:
             yield {"data": json.dumps(fmt.usage_chunk(finishes))}
         yield {"data": "[DONE]"}

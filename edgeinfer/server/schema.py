@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from edgeinfer.options import SAMPLING_FIELDS, SamplingFields, SamplingParams
+from edgeinfer.options import (
+    MAX_GRAMMAR_CHARS,
+    MAX_LOGIT_BIAS,
+    SAMPLING_FIELDS,
+    Grammar,
+    SamplingFields,
+    SamplingParams,
+)
 
 # Every list in a request is bounded, so that no body within the size cap (--max-body-mb)
 # makes the server loop over millions of items. stop is bounded in edgeinfer.options.
 MAX_MESSAGES = 4096  # messages per chat request
 MAX_PARTS = 256  # content parts per message
 MAX_PROMPT_IDS = 262_144  # token ids in a completions prompt; the context check comes later
+MAX_TOOLS = 128  # tools per request
+MAX_TOOL_CALLS = 128  # tool calls in one assistant message
 
 
 def _surrogate_at(value: Any, path: str) -> str | None:
@@ -41,11 +51,42 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    """A call the assistant made earlier in the conversation."""
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    @field_validator("function")
+    @classmethod
+    def _json_arguments(cls, f: FunctionCall) -> FunctionCall:
+        try:
+            json.loads(f.arguments)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"function.arguments of {f.name!r} is not JSON text ({e})") from None
+        return f
+
+
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart], Field(max_length=MAX_PARTS)] | None = None
     name: str | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(None, min_length=1, max_length=256)
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> Message:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -59,6 +100,69 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+def _schema_size(schema: Any) -> Any:
+    size = len(json.dumps(schema))
+    if size > MAX_GRAMMAR_CHARS:
+        raise ValueError(f"the schema is {size} characters of JSON; at most {MAX_GRAMMAR_CHARS} are accepted")
+    return schema
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=TOOL_NAME, description="letters, digits, _ and -; at most 64")
+    description: str | None = Field(None, max_length=8192)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # every call is held to its schema either way
+
+    _size = field_validator("parameters")(_schema_size)
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(True, alias="schema")
+    strict: bool | None = None  # the schema is enforced either way
+
+    _size = field_validator("schema_")(_schema_size)
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: text, any JSON object, or JSON that validates against a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _needs_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object: {"name": ..., "schema": {...}}')
+        return self
+
+    def grammar(self) -> Grammar | None:
+        if self.type == "json_object":
+            return Grammar(kind="json_schema", source='{"type": "object"}', origin="response_format")
+        if self.type == "json_schema" and self.json_schema is not None:
+            source = json.dumps(self.json_schema.schema_)
+            return Grammar(kind="json_schema", source=source, origin="response_format.json_schema.schema")
+        return None
+
+
 class _Sampling(SamplingFields):
     """Fields shared by both endpoints. The sampling settings, their ranges and defaults are
     edgeinfer.options.SamplingFields' own; errors name the field as the client sent it."""
@@ -68,7 +172,15 @@ class _Sampling(SamplingFields):
     n: Annotated[int, Field(ge=1, le=16)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    grammar: str | None = Field(
+        None, min_length=1, max_length=MAX_GRAMMAR_CHARS, description="edgeinfer: a Lark grammar the output follows"
+    )
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    # Accepted, and change nothing on a local server (documented in the README).
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -81,10 +193,25 @@ class _Sampling(SamplingFields):
             )
         return data
 
-    def sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids as strings; {key!r} is not one")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias[{key}] is {bias}; biases run from -100 to 100")
+        return v
+
+    def sampling(self, max_tokens: int | None, logprobs: int | None, grammar: Grammar | None = None) -> SamplingParams:
         """The engine's SamplingParams (already checked: the fields are the same declarations)."""
         values = self.model_dump(include=set(SAMPLING_FIELDS))
-        return SamplingParams.model_construct(**values, max_tokens=max_tokens, logprobs=logprobs)
+        if grammar is None and self.grammar is not None:
+            grammar = Grammar(kind="lark", source=self.grammar)
+        bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
+        return SamplingParams.model_construct(
+            **values, max_tokens=max_tokens, logprobs=logprobs, grammar=grammar, logit_bias=bias
+        )
 
 
 class ChatRequest(_Sampling):
@@ -94,16 +221,32 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = False  # llama-server's default: small models repeat one call until max_tokens
+    reasoning_effort: str | None = None  # accepted; a local model has no such setting
 
-    def to_sampling(self) -> SamplingParams:
+    @model_validator(mode="after")
+    def _tools_fit(self) -> ChatRequest:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools share a name; each function needs its own")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            known = ", ".join(names) or "none"
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among tools (known: {known})")
+        if choice == "required" and not names:
+            raise ValueError('tool_choice "required" needs at least one tool in tools')
+        if self.grammar is not None and (self.response_format is not None or names):
+            raise ValueError("grammar cannot be combined with response_format or tools; send one of them")
+        return self
+
+    def to_sampling(self, grammar: Grammar | None = None) -> SamplingParams:
         top = None
         if self.logprobs:
             top = self.top_logprobs or 0
-        return self.sampling(self.max_completion_tokens or self.max_tokens, top)
-
-    def chat_messages(self) -> list[dict[str, Any]]:
-        # "developer" is OpenAI's newer name for the system role.
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return self.sampling(self.max_completion_tokens or self.max_tokens, top, grammar)
 
 
 class CompletionRequest(_Sampling):

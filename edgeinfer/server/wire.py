@@ -7,6 +7,7 @@ import uuid
 from typing import Any, Protocol
 
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
+from edgeinfer.server.tools import CallWatch, parse_calls
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 
@@ -55,8 +56,8 @@ class Format(Protocol):
     sends_role: bool
 
     def first_chunk(self, index: int) -> dict[str, Any]: ...
-    def chunk(self, ev: Chunk) -> dict[str, Any]: ...
-    def final_chunk(self, f: Finish) -> dict[str, Any]: ...
+    def chunk(self, ev: Chunk) -> dict[str, Any] | None: ...
+    def final_chunks(self, f: Finish) -> list[dict[str, Any]]: ...
     def usage_chunk(self, finishes: list[Finish]) -> dict[str, Any]: ...
     def response(self, finishes: list[Finish]) -> dict[str, Any]: ...
 
@@ -89,35 +90,66 @@ class ChatFormat(_Base):
     chunk_name = "chat.completion.chunk"
     sends_role = True
 
+    def __init__(self, model: str, logprobs: bool, tools: bool = False) -> None:
+        super().__init__(model, logprobs)
+        self.tools = tools  # answers may hold tool calls: parse them, and hold back what may open one
+        self.watch: dict[int, CallWatch] = {}
+
+    def _calls(self, f: Finish) -> tuple[str | None, list[dict[str, Any]]]:
+        """The choice's text before any call, and its complete calls (a call cut by max_tokens is left out)."""
+        if not self.tools or f.finish_reason not in ("stop", "length"):
+            return f.text, []
+        return parse_calls(f.text)
+
+    @staticmethod
+    def _reason(f: Finish, calls: list[dict[str, Any]]) -> str:
+        return "tool_calls" if calls and f.finish_reason == "stop" else FINISH[f.finish_reason]
+
     def first_chunk(self, index: int) -> dict[str, Any]:
         return self._envelope(
             self.chunk_name,
             [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}],
         )
 
-    def chunk(self, ev: Chunk) -> dict[str, Any]:
+    def chunk(self, ev: Chunk) -> dict[str, Any] | None:
         lp = {"content": [_lp_entry(ev.logprob)]} if self.logprobs and ev.logprob else None
+        text = self.watch.setdefault(ev.index, CallWatch()).feed(ev.text) if self.tools else ev.text
+        if not text and lp is None:
+            return None
+        return self._delta(ev.index, {"content": text}, lp=lp)
+
+    def _delta(self, index: int, delta: dict[str, Any], reason: str | None = None, lp: Any = None) -> dict[str, Any]:
         return self._envelope(
-            self.chunk_name, [{"index": ev.index, "delta": {"content": ev.text}, "finish_reason": None, "logprobs": lp}]
+            self.chunk_name, [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": lp}]
         )
 
-    def final_chunk(self, f: Finish) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name,
-            [{"index": f.index, "delta": {}, "finish_reason": FINISH[f.finish_reason], "logprobs": None}],
-        )
+    def final_chunks(self, f: Finish) -> list[dict[str, Any]]:
+        """The end of one choice: its tool calls, or the text held back in case it opened one; then the reason."""
+        out = []
+        _, calls = self._calls(f)
+        if calls:
+            fragments = [{"index": i, **c} for i, c in enumerate(calls)]
+            out.append(self._delta(f.index, {"tool_calls": fragments}))
+        elif self.tools and (rest := self.watch.setdefault(f.index, CallWatch()).rest()):
+            out.append(self._delta(f.index, {"content": rest}))
+        return [*out, self._delta(f.index, {}, self._reason(f, calls))]
 
     def response(self, finishes: list[Finish]) -> dict[str, Any]:
         finishes = sorted(finishes, key=lambda f: f.index)
-        choices = [
-            {
-                "index": f.index,
-                "message": {"role": "assistant", "content": f.text},
-                "finish_reason": FINISH[f.finish_reason],
-                "logprobs": {"content": [_lp_entry(lp) for lp in f.logprobs or []]} if self.logprobs else None,
-            }
-            for f in finishes
-        ]
+        choices = []
+        for f in finishes:
+            content, calls = self._calls(f)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            choices.append(
+                {
+                    "index": f.index,
+                    "message": message,
+                    "finish_reason": self._reason(f, calls),
+                    "logprobs": {"content": [_lp_entry(lp) for lp in f.logprobs or []]} if self.logprobs else None,
+                }
+            )
         out = self._envelope("chat.completion", choices)
         out["usage"] = usage(finishes)
         out["timings"] = timings([f.stats for f in finishes])
@@ -137,11 +169,13 @@ class CompletionFormat(_Base):
             self.chunk_name, [{"index": ev.index, "text": ev.text, "finish_reason": None, "logprobs": lp}]
         )
 
-    def final_chunk(self, f: Finish) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name,
-            [{"index": f.index, "text": "", "finish_reason": FINISH[f.finish_reason], "logprobs": None}],
-        )
+    def final_chunks(self, f: Finish) -> list[dict[str, Any]]:
+        return [
+            self._envelope(
+                self.chunk_name,
+                [{"index": f.index, "text": "", "finish_reason": FINISH[f.finish_reason], "logprobs": None}],
+            )
+        ]
 
     def response(self, finishes: list[Finish]) -> dict[str, Any]:
         finishes = sorted(finishes, key=lambda f: f.index)

@@ -87,8 +87,8 @@ class Speculator:
         """Start tracking a new stream, where speculation can be lossless for it."""
         if params.has_penalties:
             return  # penalties depend on every emitted token; the verifiers do not model them
-        if params.logprobs is not None:
-            return
+        if params.logprobs is not None or params.grammar is not None or params.logit_bias:
+            return  # a grammar's stream has its forced tokens instead; a biased one is not the model's law
         ngram = None
         if self.source == "ngram":
             ngram = NgramIndex()
@@ -109,8 +109,11 @@ class Speculator:
 
     # --- before the step ----------------------------------------------------
 
-    def propose(self, running: list[Stream], prefill_tokens: int) -> dict[int, list[int]]:
-        """Drafts (by stream id) for the decoding streams worth drafting for."""
+    def propose(self, running: list[Stream], n_batch: int) -> dict[int, list[int]]:
+        """Drafts (by stream id) for the decoding streams worth drafting for (n_batch: the step's token budget)."""
+        # Prompt tokens (and tokens a grammar forced) the next step will likely carry, for the cost model.
+        left = [len(s.tokens) - s.n_computed for s in running]
+        prefill_tokens = min(n_batch, sum(n for n in left if n > 1))
         decoding = [s for s in running if not s.fork_pending and len(s.tokens) - s.n_computed == 1]
         cands: list[Candidate] = []
         by_id: dict[int, Stream] = {}

@@ -1,4 +1,4 @@
-"""The one module that talks to llama.cpp.
+"""The one package that talks to llama.cpp (sampler.py holds the sampler chain).
 
 Every llama.cpp handle (model, context, batch, sampler) is owned by one Python object
 that frees it in close(). Failures become edgeinfer errors. Only Python ints, bytes,
@@ -38,18 +38,9 @@ def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int) -> str:
     return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
 
 
-QUANT_TYPES = {
-    "F32": C.LLAMA_FTYPE_ALL_F32,
-    "F16": C.LLAMA_FTYPE_MOSTLY_F16,
-    "BF16": C.LLAMA_FTYPE_MOSTLY_BF16,
-    "Q8_0": C.LLAMA_FTYPE_MOSTLY_Q8_0,
-    "Q4_0": C.LLAMA_FTYPE_MOSTLY_Q4_0,
-    "Q4_1": C.LLAMA_FTYPE_MOSTLY_Q4_1,
-    "Q5_0": C.LLAMA_FTYPE_MOSTLY_Q5_0,
-    "Q5_1": C.LLAMA_FTYPE_MOSTLY_Q5_1,
-    "Q4_K_M": C.LLAMA_FTYPE_MOSTLY_Q4_K_M,
-    "Q5_K_M": C.LLAMA_FTYPE_MOSTLY_Q5_K_M,
-    "Q6_K": C.LLAMA_FTYPE_MOSTLY_Q6_K,
+QUANT_TYPES = {"F32": C.LLAMA_FTYPE_ALL_F32} | {
+    name: getattr(C, f"LLAMA_FTYPE_MOSTLY_{name}")
+    for name in ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K")
 }
 
 _init_lock = threading.Lock()
@@ -328,56 +319,6 @@ class Batch:
             self.raw = None
 
 
-class Sampler:
-    """llama.cpp's native sampler chain for one stream: penalties, top-k/p, min-p, temperature."""
-
-    def __init__(
-        self,
-        n_vocab: int,
-        *,
-        temperature: float = 0.0,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_last_n: int = 64,
-        seed: int | None = None,
-    ) -> None:
-        params = C.llama_sampler_chain_default_params()
-        params.no_perf = True
-        self._h = C.llama_sampler_chain_init(params)
-        add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
-        if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
-            penalties = (repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
-            add(C.llama_sampler_init_penalties(n_vocab, *penalties))
-        if temperature <= 0:
-            add(C.llama_sampler_init_greedy())
-        else:
-            if top_k > 0:
-                add(C.llama_sampler_init_top_k(top_k))
-            if top_p < 1.0:
-                add(C.llama_sampler_init_top_p(top_p, 1))
-            if min_p > 0.0:
-                add(C.llama_sampler_init_min_p(min_p, 1))
-            add(C.llama_sampler_init_temp(temperature))
-            add(C.llama_sampler_init_dist(DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF))
-
-    def sample(self, ctx: Context, row: int) -> int:
-        """Sample from output row `row` of the last decode and record the token in the chain."""
-        return int(C.llama_sampler_sample(self._h, ctx.handle, row))
-
-    def accept(self, token: int) -> None:
-        """Record a token chosen elsewhere (e.g. the prompt) for the penalties."""
-        C.llama_sampler_accept(self._h, token)
-
-    def close(self) -> None:
-        if self._h:
-            C.llama_sampler_free(self._h)
-            self._h = None
-
-
 def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, overwrite: bool = False) -> None:
     """Write a copy of a GGUF model at another precision (llama_model_quantize); DST is checked first."""
     from edgeinfer.models.catalog import check_copy_target
@@ -396,3 +337,8 @@ def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, ove
     rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise ModelLoadError(f"quantizing {src} to {key} failed (code {rc}); is {dst} writable?")
+
+
+from edgeinfer.llamacpp.sampler import Sampler, guidance_tokenizer  # noqa: E402  (it builds on the above)
+
+__all__ = ["Batch", "Context", "ContextParams", "Model", "Sampler", "Vocab", "guidance_tokenizer", "quantize"]

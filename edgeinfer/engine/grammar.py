@@ -1,0 +1,215 @@
+"""Constrained decoding: a grammar per stream, as token masks from llguidance, with forced tokens riding along.
+
+A request's grammar (a JSON Schema, a Lark grammar in llguidance's dialect, or a regex) is
+compiled once at the engine's door; a schema it cannot enforce is a RequestError naming the
+keyword and where it is, never an unconstrained answer. Each stream gets its own matcher.
+At each row a constrained stream samples from, its mask limits the stream's own sampler
+chain to the tokens the grammar allows (llguidance computes a mask in well under a tenth
+of a millisecond here, so every row is masked rather than checked first). After the
+token, the tokens the grammar forces (fixed keys, closing brackets, the end of text) are
+appended at once: they enter the KV cache with the stream's next decode, in the same batch
+item, so a fixed key costs no step of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeinfer.errors import RequestError
+from edgeinfer.llamacpp import Context, Vocab, guidance_tokenizer
+from edgeinfer.options import Grammar
+
+if TYPE_CHECKING:
+    from edgeinfer.engine.delivery import Live
+
+MAX_DEPTH = 32  # nesting of a JSON Schema
+# Compact separators: one fixed way to write JSON, so that more of it is forced, and no room
+# for a small model to pad an answer with whitespace until max_tokens.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarFailed(Exception):
+    """A stream's grammar could not go on (no token allowed, or a parser limit); the stream ends with this."""
+
+
+class Grammars:
+    """Compiles requests' grammars against one vocabulary; llguidance's tokenizer is built on first use."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = guidance_tokenizer(self.vocab)
+            return self._tokenizer
+
+    def compile(self, grammar: Grammar) -> str:
+        """llguidance's form of the grammar, checked; RequestError (naming its origin) when it cannot be enforced."""
+        import llguidance
+
+        param = grammar.origin
+        schema: Any = None
+        if grammar.kind == "json_schema":
+            schema = parse_schema(grammar.source, param)
+            text = llguidance.LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+        elif grammar.kind == "lark":
+            text = llguidance.LLMatcher.grammar_from_lark(grammar.source)
+        else:
+            text = llguidance.LLMatcher.grammar_from_regex(grammar.source)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer())
+        if failed:
+            raise RequestError(explain(messages[0] if messages else "invalid grammar", schema, grammar.kind), param)
+        return text
+
+    def guides(self, text: str, n: int) -> list[Guide]:
+        """One matcher per stream of a request, from a compiled grammar."""
+        import llguidance
+
+        tok = self.tokenizer()
+        first = llguidance.LLMatcher(tok, text, log_level=0)
+        return [Guide(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token) for i in range(n)]
+
+
+@dataclass(slots=True)
+class Guide:
+    """One stream's grammar state: the mask of its next token, and what the grammar forces after a token."""
+
+    matcher: Any
+    n_vocab: int
+    eos: int
+    bitmask: np.ndarray = field(init=False)
+    forced: int = 0  # tokens appended without sampling, for stats
+
+    def __post_init__(self) -> None:
+        self.bitmask = np.full((self.n_vocab + 31) // 32, -1, dtype=np.int32)
+
+    def allowed(self) -> np.ndarray:
+        """The tokens the grammar allows next, as booleans by token id."""
+        self.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data, self.bitmask.nbytes)
+        if self.matcher.is_error():
+            raise GrammarFailed(self.matcher.get_error())
+        return np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")[: self.n_vocab].astype(bool)
+
+    def advance(self, token: int) -> list[int]:
+        """Consume a sampled token; return the tokens the grammar forces after it (the end of text included)."""
+        if token == self.eos:
+            return []
+        if not self.matcher.consume_token(token):
+            raise GrammarFailed(self.matcher.get_error() or "the grammar refused a token")
+        forced: list[int] = list(self.matcher.compute_ff_tokens())
+        if forced and not self.matcher.consume_tokens(forced):
+            raise GrammarFailed(self.matcher.get_error())
+        if self.matcher.is_stopped():  # complete, and nothing may follow: end the stream now
+            forced.append(self.eos)
+        self.forced += len(forced)
+        return forced
+
+
+def next_tokens(live: Live, ctx: Context, row: int) -> list[int] | None:
+    """A stream's next tokens from output row `row`: the sampled one, then those its grammar forces (the
+    sampler records them too); None when the grammar cannot go on (live.error says why)."""
+    guide, sampler = live.guide, live.sampler
+    if guide is None:
+        return [sampler.sample(ctx, row)]
+    try:
+        allowed = guide.allowed()
+        if not allowed.any():
+            raise GrammarFailed("it allows no token here")
+        token = sampler.sample_masked(ctx, row, allowed)
+        forced = guide.advance(token)
+    except GrammarFailed as e:
+        live.error = f"the output grammar could not go on: {e}"
+        return None
+    for t in forced:
+        sampler.accept(t)
+    return [token, *forced]
+
+
+# --- JSON Schema at the door --------------------------------------------------
+
+
+def parse_schema(source: str, param: str) -> Any:
+    """The schema as JSON, checked against the JSON Schema meta-schema and the nesting bound."""
+    import jsonschema
+
+    try:
+        schema = json.loads(source)
+    except json.JSONDecodeError as e:
+        raise RequestError(f"the schema is not valid JSON ({e})", param) from None
+    if not isinstance(schema, dict | bool):
+        raise RequestError("the schema must be a JSON object", param)
+    depth = _depth(schema)
+    if depth > MAX_DEPTH:
+        raise RequestError(f"the schema nests {depth} levels deep; at most {MAX_DEPTH} are accepted", param)
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/" + "/".join(str(p) for p in e.absolute_path)
+        raise RequestError(f"the schema is not a valid JSON Schema at {where}: {e.message}", param) from None
+    return schema
+
+
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
+
+
+def closed(schema: Any) -> Any:
+    """A copy of the schema where objects that list their properties and say nothing of others take no
+    others (OpenAI's strict mode asks for this explicitly; a small model otherwise adds keys freely).
+    Every answer to the copy is an answer to the original."""
+    if isinstance(schema, list):
+        return [closed(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in DATA_KEYWORDS else closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def explain(message: str, schema: Any, kind: str) -> str:
+    """llguidance's complaint, with the path of the keyword it names when it is a schema's."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    if kind != "json_schema":
+        return f"the {kind} grammar is not valid: {message.strip()}"
+    keys = re.findall(r'"([^"]+)"', first) if "Unimplemented keys" in first else []
+    if keys:
+        where = _path_of(schema, keys[0], "")
+        return (
+            f"the schema uses {keys[0]!r} at {where or '/'}, which edgeinfer cannot enforce; "
+            "remove it or check that value after parsing"
+        )
+    return f"the schema cannot be enforced: {first}"
+
+
+def _path_of(value: Any, key: str, path: str) -> str | None:
+    """JSON Pointer of the first object that has `key` (the schema keyword llguidance named)."""
+    if isinstance(value, dict):
+        if key in value:
+            return path or "/"
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        found = _path_of(v, key, f"{path}/{k}")
+        if found:
+            return found
+    return None
