@@ -159,12 +159,18 @@ def parse_schema(source: str, param: str) -> Any:
 
 
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # their values are data, not schemas
+MAX_SAFE_INT = 2**53 - 1  # what a 64-bit float (JavaScript's number) holds exactly
+DECIMALS = 1e-9
 
 
 def closed(schema: Any) -> Any:
-    """A copy of the schema where objects that list their properties and say nothing of others take no
-    others (OpenAI's strict mode asks for this explicitly; a small model otherwise adds keys freely).
-    Every answer to the copy is an answer to the original."""
+    """A copy of the schema that a small model cannot run away in; every answer to it answers the original.
+
+    Objects that list their properties and say nothing of others take no others (OpenAI's strict
+    mode asks for this explicitly; a small model otherwise adds keys freely). Numbers without
+    bounds are held to what a 64-bit float carries: integers within +-2^53, at most 9 decimals
+    (left free, a small model writes digits until max_tokens).
+    """
     if isinstance(schema, list):
         return [closed(v) for v in schema]
     if not isinstance(schema, dict):
@@ -172,6 +178,15 @@ def closed(schema: Any) -> Any:
     out = {k: v if k in DATA_KEYWORDS else closed(v) for k, v in schema.items()}
     if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
+    kinds = out.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+    if "integer" in kinds or "number" in kinds:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -MAX_SAFE_INT
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = MAX_SAFE_INT
+        if "number" in kinds and "multipleOf" not in out:
+            out["multipleOf"] = DECIMALS
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Any
 
 import llama_cpp as C
@@ -18,7 +19,9 @@ def guidance_tokenizer(vocab: Vocab) -> Any:
     """llguidance's tokenizer over this vocabulary (about half a second: build it once per model)."""
     from llguidance.llamacpp import lltokenizer_from_vocab
 
-    return lltokenizer_from_vocab(vocab._handle())
+    with warnings.catch_warnings():  # it asks llama-cpp-python for each token's attributes by a deprecated name
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return lltokenizer_from_vocab(vocab._handle())
 
 
 class Sampler:
