@@ -1,0 +1,304 @@
+"""Agents over the socket: response_format, tools and tool_choice, through the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import pytest
+
+from edgeinfer.bench.battery import CASES, check
+from edgeinfer.client import async_client, client
+from edgeinfer.server import tools as T
+from edgeinfer.server.schema import ChatRequest
+
+from .conftest import stop_process
+from .test_server import raw, start_server
+
+MODEL = "default"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "$defs": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+            "properties": {"zone": {"$ref": "#/$defs/zone"}},
+            "required": ["zone"],
+        },
+    },
+}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+
+
+@pytest.fixture(scope="module", params=["auto", "off"])
+def server(request, tmp_path_factory):
+    sock = tmp_path_factory.mktemp("tools") / "edgeinfer.sock"
+    proc = start_server(sock, "--parallel", "8", "--spec", request.param)
+    yield sock
+    stop_process(proc)
+
+
+@pytest.fixture
+def oai(server):
+    return client(server)
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def valid_calls(calls) -> list[str]:
+    """The names of the calls, each checked against its tool's parameters."""
+    for c in calls:
+        assert c.id.startswith("call_") and c.type == "function"
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    return [c.function.name for c in calls]
+
+
+def test_json_schema_answers_validate_streaming_and_not(server):
+    """A third of the battery per speculation mode, at temperature 0.8, n up to 4, streamed and whole."""
+    cases = CASES[::3]
+
+    async def one(aoai, i, case):
+        fmt = {"type": "json_schema", "json_schema": {"name": case.name, "schema": case.schema, "strict": True}}
+        kw = dict(model=MODEL, messages=ask(case.prompt), response_format=fmt, temperature=0.8, max_tokens=300)
+        n = 1 + i % 4
+        if i % 2:
+            r = await aoai.chat.completions.create(**kw, n=n)
+            return [(case, c.message.content, c.finish_reason) for c in r.choices]
+        texts, reasons = [""] * n, [None] * n
+        async for chunk in await aoai.chat.completions.create(**kw, n=n, stream=True):
+            for c in chunk.choices:
+                texts[c.index] += c.delta.content or ""
+                reasons[c.index] = c.finish_reason or reasons[c.index]
+        return [(case, t, r) for t, r in zip(texts, reasons, strict=True)]
+
+    async def run():
+        aoai = async_client(server)
+        return await asyncio.gather(*(one(aoai, i, c) for i, c in enumerate(cases)))
+
+    answers = [a for group in asyncio.run(run()) for a in group]
+    assert len(answers) == sum(1 + i % 4 for i in range(len(cases)))
+    bad = [(case.name, reason, check(case, text), text[:100]) for case, text, reason in answers]
+    assert [b for b in bad if b[1] != "stop" or b[2]] == []
+
+
+def test_json_object_is_an_object(oai):
+    """Any object: nothing bounds its size, so an answer cut by max_tokens is cut JSON; the others parse."""
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=ask("Describe a cat as JSON with a name and an age."),
+        response_format={"type": "json_object"},
+        temperature=0.8,
+        n=4,
+        max_tokens=300,
+    )
+    done = [c.message.content for c in r.choices if c.finish_reason == "stop"]
+    assert done and all(isinstance(json.loads(text), dict) for text in done)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_forced_tool_calls_validate(oai, choice):
+    kw = dict(model=MODEL, messages=ask("What time is it in Tokyo?"), tools=[WEATHER, CLOCK], tool_choice=choice)
+    r = oai.chat.completions.create(**kw, temperature=0.8, n=4, max_tokens=120)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        names = valid_calls(c.message.tool_calls)
+        assert len(names) == 1  # parallel_tool_calls defaults to false
+        if isinstance(choice, dict):
+            assert names == ["get_time"]
+
+
+def test_streamed_tool_calls_reassemble_in_the_sdk(oai):
+    kw = dict(model=MODEL, messages=ask("Weather in Oslo?"), tools=[WEATHER, CLOCK], tool_choice="required")
+    with oai.chat.completions.stream(**kw, temperature=0.8, max_tokens=300, parallel_tool_calls=True) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert 1 <= len(valid_calls(choice.message.tool_calls)) <= T.MAX_CALLS
+
+
+def test_auto_answers_in_text_or_in_a_valid_call(oai):
+    history = [
+        *ask("What's the weather in Rome?"),
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Rome", "unit": "celsius"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 24, "sky": "clear"}'},
+    ]
+    r = oai.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], temperature=0.8, n=4, max_tokens=60)
+    for c in r.choices:
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            valid_calls(c.message.tool_calls)
+        else:
+            assert c.message.content and "<tool_call>" not in c.message.content
+
+
+def test_tool_choice_none_is_plain_text(oai):
+    r = oai.chat.completions.create(
+        model=MODEL, messages=ask("Hi!"), tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=16
+    )
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+BAD = [
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools.0.function.name"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among tools"),
+    ({"tool_choice": "required"}, "at least one tool"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "tool_call_id"),
+    (
+        {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{"}}]}]},
+        "not JSON text",
+    ),
+    ({"tools": [WEATHER, WEATHER]}, "share a name"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": {"not": {}}}}}}]},
+        "'not' at /properties/a",
+    ),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}, "/type"),
+    ({"response_format": {"type": "json_schema"}}, "needs a json_schema"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"uniqueItems": True}}}},
+        "'uniqueItems'",
+    ),
+    ({"grammar": "start: undefined_rule"}, "lark grammar is not valid"),
+    ({"grammar": 'start: "a"', "tools": [WEATHER]}, "cannot be combined"),
+    ({"logit_bias": {"x": 1}}, "token ids"),
+    ({"logit_bias": {"5": 500}}, "-100 to 100"),
+]
+
+
+@pytest.mark.parametrize(("extra", "words"), BAD)
+def test_bad_agent_input_is_a_400_naming_the_problem(server, extra, words):
+    body = {"model": MODEL, "messages": ask("hi"), "max_tokens": 4, **extra}
+    http = raw(server)
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"], r.json()
+    assert http.get("/health").status_code == 200
+
+
+def test_fields_real_clients_send_are_accepted(oai):
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=ask("Count to ten."),
+        max_completion_tokens=3,
+        store=False,
+        metadata={"run": "test"},
+        service_tier="auto",
+        reasoning_effort="low",
+        user="me",
+        temperature=0,
+    )
+    assert r.usage.completion_tokens == 3
+
+
+def test_two_tool_agent_loop_with_the_openai_agents_sdk(server):
+    """A real agent framework drives the socket: two tools called in turn with valid arguments, then the answer."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        StopAtTools,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    calls: list[tuple[str, object]] = []
+
+    # Each tool is offered in turn, and tool_choice "required" makes the model call it.
+    @function_tool(is_enabled=lambda ctx, agent: not calls)
+    def get_temperature(city: str) -> float:
+        """The temperature in a city, in degrees Celsius."""
+        calls.append(("get_temperature", city))
+        return 21.5
+
+    @function_tool(is_enabled=lambda ctx, agent: len(calls) == 1)
+    def to_fahrenheit(celsius: float) -> str:
+        """Convert degrees Celsius to Fahrenheit."""
+        calls.append(("to_fahrenheit", celsius))
+        return f"{celsius * 9 / 5 + 32:.1f} F"
+
+    agent = Agent(
+        name="weather",
+        instructions="Find the temperature, then convert it to Fahrenheit.",
+        tools=[get_temperature, to_fahrenheit],
+        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=async_client(server)),
+        model_settings=ModelSettings(tool_choice="required", temperature=0.8, max_tokens=120),
+        reset_tool_choice=False,
+        tool_use_behavior=StopAtTools(stop_at_tool_names=["to_fahrenheit"]),
+    )
+    result = asyncio.run(Runner.run(agent, "How warm is it in Lisbon, in Fahrenheit?", max_turns=4))
+    assert [name for name, _ in calls] == ["get_temperature", "to_fahrenheit"]
+    assert isinstance(calls[0][1], str) and calls[0][1]
+    assert isinstance(calls[1][1], float)
+    assert result.final_output == f"{calls[1][1] * 9 / 5 + 32:.1f} F"
+
+
+# --- the pieces, without a model ------------------------------------------------------
+
+
+def test_parse_calls_and_the_text_before():
+    text = (
+        'Let me check. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
+    )
+    before, calls = T.parse_calls(text)
+    assert before == "Let me check."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("f", {"a": 1}),
+        ("g", {}),
+    ]
+    assert T.parse_calls("plain text") == ("plain text", [])
+    cut = '<tool_call>\n{"name": "f", "argu'
+    assert T.parse_calls(cut) == (cut, [])
+
+
+def test_streamed_text_holds_back_what_may_open_a_call():
+    w = T.CallWatch()
+    assert [w.feed(x) for x in ["Sure", " <", "tool", "_call>", '{"name"']] == ["Sure", " ", "", "", ""]
+    assert w.rest() == ""
+    w = T.CallWatch()
+    assert [w.feed(x) for x in ["a <t", "able> b"]] == ["a ", "<table> b"]
+    w = T.CallWatch()
+    assert w.feed("x <tool") == "x " and w.rest() == "<tool"
+
+
+def test_tool_schemas_keep_their_references_under_defs():
+    req = ChatRequest(model="m", messages=ask("hi"), tools=[WEATHER, CLOCK], tool_choice="required")
+    schema = T.call_schema(req.tools)
+    zone = schema["$defs"]["tool1"]["properties"]["zone"]
+    assert zone == {"$ref": "#/$defs/tool1/$defs/zone"}
+    call = {"name": "get_time", "arguments": {"zone": "UTC"}}
+    jsonschema.validate(call, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_time", "arguments": {"zone": "utc"}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_weather", "arguments": {"zone": "UTC"}}, schema)
