@@ -34,6 +34,26 @@ def test_generate_streams_text_and_prints_figures(runner):
     assert result.stdout.strip()
 
 
+def test_generate_json_schema_prints_the_validated_object(runner, tmp_path):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(schema))
+    args = ["generate", "The capital of Italy, as JSON.", "--json-schema", str(path), "--temperature", "0.8", "-n", "2"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    objects = [json.loads(part) for part in result.stdout.replace("}\n{", "}\0{").split("\0")]
+    assert len(objects) == 2
+    for obj in objects:
+        jsonschema.validate(obj, schema)
+    path.write_text(json.dumps({"type": "array", "uniqueItems": True}))
+    result = runner.invoke(main, ["generate", "x", "--json-schema", str(path)])
+    assert result.exit_code == 1 and "'uniqueItems' at /" in result.output
+    result = runner.invoke(main, ["generate", "x", "--json-schema", str(path), "--grammar", str(path)])
+    assert result.exit_code == 1 and "cannot be combined" in result.output
+
+
 def test_models_lists_the_default_model_and_its_metadata(runner):
     result = runner.invoke(main, ["models"])
     assert result.exit_code == 0, result.output

@@ -17,8 +17,9 @@ import click
 
 from edgeinfer.bench.options import BenchOptions
 from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
-from edgeinfer.errors import EdgeInferError
-from edgeinfer.options import EngineConfig
+from edgeinfer.errors import ConfigError, EdgeInferError
+from edgeinfer.events import Finish
+from edgeinfer.options import MAX_GRAMMAR_CHARS, EngineConfig, Grammar
 
 
 def errors_as_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -206,19 +207,39 @@ def serve(
 @click.option("-n", "n", type=click.IntRange(1, 128), default=1, show_default=True, help="Streams of this prompt.")
 @click.option("--raw", is_flag=True, help="Send PROMPT as is, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with texts and figures.")
+@click.option(
+    "--json-schema",
+    "schema_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Hold the reply to this JSON Schema (a file); print the parsed, validated object.",
+)
+@click.option(
+    "--grammar",
+    "grammar_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Hold the reply to this Lark grammar (llguidance's dialect; a file).",
+)
 @errors_as_messages
-def generate(prompt: str, n: int, raw: bool, as_json: bool, **kw: Any) -> None:
+def generate(
+    prompt: str, n: int, raw: bool, as_json: bool, schema_file: Path | None, grammar_file: Path | None, **kw: Any
+) -> None:
     """Generate a reply to PROMPT; -n K runs K streams of it in one packed batch."""
     from edgeinfer.engine import make_engine
     from edgeinfer.events import Chunk
 
     sampling = sampling_params(kw)
+    if schema_file or grammar_file:
+        sampling = sampling.model_copy(update={"grammar": grammar_from_file(schema_file, grammar_file)})
     config = engine_config(kw)
     config = config.replace(parallel=max(config.parallel, n), batch_size=max(config.batch_size, n))
     engine = make_engine(config)
     try:
         tokens = engine.tokenize(prompt) if raw else engine.chat_prompt([{"role": "user", "content": prompt}])
         handles = engine.submit(tokens, sampling, n=n)
+        if schema_file is not None:
+            for h in handles:
+                click.echo(json.dumps(checked_json(h.result(), schema_file), indent=2, ensure_ascii=False))
+            return
         if as_json or n > 1:
             finishes = [h.result() for h in handles]
         else:
@@ -242,6 +263,30 @@ def generate(prompt: str, n: int, raw: bool, as_json: bool, **kw: Any) -> None:
             click.echo(click.style(f"--- stream {f.index} ---", bold=True))
             click.echo(f.text)
         click.echo(click.style(stats_line(f.stats), dim=True), err=True)
+
+
+def grammar_from_file(schema_file: Path | None, grammar_file: Path | None) -> Grammar:
+    if schema_file and grammar_file:
+        raise ConfigError("--json-schema and --grammar cannot be combined; give one")
+    path = schema_file or grammar_file
+    assert path is not None
+    source = path.read_text(encoding="utf-8")
+    if not source.strip() or len(source) > MAX_GRAMMAR_CHARS:
+        raise ConfigError(f"{path}: a schema or grammar of 1 to {MAX_GRAMMAR_CHARS} characters is needed")
+    flag = "--json-schema" if schema_file else "--grammar"
+    return Grammar(kind="json_schema" if schema_file else "lark", source=source, origin=f"{flag} {path}")
+
+
+def checked_json(finish: Finish, schema_file: Path) -> Any:
+    """The reply as a parsed object that validates against the schema, or an error that says why not."""
+    import jsonschema
+
+    if finish.finish_reason != "stop":
+        why = finish.error or "max_tokens cut the reply before the JSON closed; raise --max-tokens"
+        raise ConfigError(f"no complete JSON reply ({why})")
+    value = json.loads(finish.text)
+    jsonschema.validate(value, json.loads(schema_file.read_text(encoding="utf-8")))
+    return value
 
 
 @main.command()
