@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
         return
     if req.tune:
         _tune(req, config, user_set, levels, max_tokens, echo)
+        return
+    if req.workload == "json":
+        _json(req, config, user_set, levels, max_tokens, echo)
         return
 
     servers = [
@@ -134,6 +138,30 @@ def kv_cells_needed(workload: str, streams: int, max_tokens: int) -> int:
     )
     need = streams * (longest * 2 // 5 + 64 + max_tokens)
     return -(-need // 1024) * 1024
+
+
+def _json(
+    req: BenchOptions,
+    config: EngineConfig,
+    user_set: set[str],
+    levels: list[int],
+    max_tokens: int,
+    echo: Callable[[str], None],
+) -> None:
+    """--workload json: constrained against free decoding in the in-process engine."""
+    from edgeinfer.bench.jsonload import json_report, print_json_bench, run_json_bench
+    from edgeinfer.bench.report import write_text
+
+    if req.sockets or req.urls or req.raw or req.plot_out or req.dashboard:
+        raise click.UsageError("--workload json measures the in-process engine: drop --socket/--url/--raw/--plot")
+    engine = make_engine(_engine_config(config, user_set, [], "json", levels, max_tokens))
+    try:
+        results = run_json_bench(engine, levels, max_tokens, req.repeats, lambda line: click.echo(line, err=True))
+    finally:
+        engine.close()
+    print_json_bench(results, echo)
+    if req.json_out:
+        write_text(json.dumps(json_report(results), indent=2), req.json_out)
 
 
 def _quality(

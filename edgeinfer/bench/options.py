@@ -13,7 +13,7 @@ from pydantic import Field
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import KvType, Options
 
-Workload = Literal["chat", "code-edit", "agent", "multi-agent", "long-prefill"]
+Workload = Literal["chat", "code-edit", "agent", "multi-agent", "long-prefill", "json"]
 
 
 def _cli(flag: str | None = None, envvar: str | None = None) -> dict[str, Any]:
@@ -28,7 +28,10 @@ class BenchOptions(Options):
     max_tokens: int | None = Field(
         None,
         ge=2,
-        description="Tokens per stream [default: chat 128, code-edit 256, agent 64, multi-agent 48, long-prefill 32].",
+        description=(
+            "Tokens per stream [default: chat 128, code-edit 256, agent 64, multi-agent 48, long-prefill 32; "
+            "json 256, the cap on a JSON answer]."
+        ),
     )
     repeats: int = Field(2, ge=1, description="Cold+warm run pairs per level; the best is kept.")
     sockets: list[str] = Field(

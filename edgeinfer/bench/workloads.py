@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from edgeinfer.bench.battery import CASES
 from edgeinfer.engine import Engine
 
 CHAT = [
@@ -201,7 +202,7 @@ _DOC = " ".join(
 )
 
 
-WORKLOADS = ("chat", "code-edit", "agent", "multi-agent", "long-prefill")
+WORKLOADS = ("chat", "code-edit", "agent", "multi-agent", "long-prefill", "json")
 
 
 def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[dict[str, str]]]:
@@ -222,11 +223,20 @@ def messages(workload: str, n: int, tag: str = "", head: str = "") -> list[list[
     if workload == "long-prefill":
         ask = "In one sentence: on which day was item {} agreed?"
         return [[{"role": "user", "content": f"{head}{_DOC}\n\n{tag}{ask.format(i % 23)}"}] for i in range(n)]
+    if workload == "json":  # bench/jsonload.py: every other stream answers a battery schema
+        return [[{"role": "user", "content": f"{head}{tag}{json_prompt(i)}"}] for i in range(n)]
     raise ValueError(f"unknown workload {workload!r}; use one of {', '.join(WORKLOADS)}")
 
 
+def json_prompt(i: int) -> str:
+    """Stream i of the json workload: a battery schema's prompt (even i) or a chat prompt (odd i)."""
+    if i % 2:
+        return CHAT[i // 2 % len(CHAT)]
+    return CASES[i // 2 % len(CASES)].prompt + " Answer in JSON."
+
+
 # Tokens generated per stream unless --max-tokens says otherwise: what each workload's answers need.
-MAX_TOKENS = {"chat": 128, "code-edit": 256, "agent": 64, "multi-agent": 48, "long-prefill": 32}
+MAX_TOKENS = {"chat": 128, "code-edit": 256, "agent": 64, "multi-agent": 48, "long-prefill": 32, "json": 256}
 
 
 def prompts(engine: Engine, workload: str, n: int, tag: str = "") -> list[list[int]]:

@@ -140,7 +140,9 @@ class Delivery:
             self.metrics.itl(now - live.t_last)
         live.t_last = now
         index, t = live.stream.index, now - live.t_submit
-        if self.vocab.is_eog(token) and not live.params.ignore_eos:
+        if self.vocab.is_eog(token) and (
+            live.guide is not None or not live.params.ignore_eos
+        ):  # a grammar's end is the end
             return Status.STOPPED
         delta = live.text.feed(self.vocab.piece(token))
         if live.text.stopped:
@@ -170,6 +172,9 @@ class Delivery:
             draft_accepted=accepted,
         )
         self.metrics.prompt_tokens += s.n_prompt
+        if live.guide is not None:
+            self.metrics.constrained_tokens += n_gen
+            self.metrics.forced_tokens += live.guide.forced
         live.sampler.close()
         reason = FINISH_REASONS[s.status]
         self.metrics.finish(reason)

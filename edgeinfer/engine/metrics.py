@@ -50,6 +50,8 @@ class Metrics:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     steps: int = 0
+    constrained_tokens: int = 0  # tokens of streams with a grammar
+    forced_tokens: int = 0  # of those, appended because the grammar allowed nothing else
     decode_seconds: float = 0.0
     finished: dict[str, int] = field(default_factory=dict)
     ttft_hist: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
