@@ -290,3 +290,36 @@ def test_tune_writes_settings_that_serve_reads(runner, tmp_path, monkeypatch):
     for setting in ("threads", "batch_size", "kv_type", "spec"):
         assert f"  {setting} " in result.output  # each setting's trials are shown
     assert f"wrote {path}" in result.output and "cold run" in result.stderr  # progress lines off a terminal
+
+
+# --- the json workload and tool-call validity, on the real model -----------------------------
+
+
+def test_json_workload_runs_both_sides_and_checks_every_answer(model_path):
+    from edgeinfer.bench.jsonload import print_json_bench, run_json_bench
+    from edgeinfer.engine import make_engine
+
+    with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, spec="off")) as engine:
+        results = run_json_bench(engine, [2], 200, 1, lambda line: None)
+    (r,) = results
+    assert r.streams == 2 and r.answers == 3 and r.valid == 3  # one battery answer, two long-keys answers
+    assert r.mixed_tps > 0 and r.mixed_free_tps > 0 and r.keys_tps > 0 and r.keys_free_tps > 0
+    assert 0.5 < r.forced_share < 1  # most of a long-keys answer is forced, not all
+    lines: list[str] = []
+    print_json_bench(results, lines.append)
+    assert lines[-1].split()[0] == "2" and lines[-1].split()[-1] == "3/3"
+
+
+def test_agent_tool_validity_counts_valid_calls(model_path, monkeypatch):
+    from edgeinfer.bench import targets as targets_module
+    from edgeinfer.bench.command import _tool_validity
+    from edgeinfer.bench.targets import EngineTarget
+    from edgeinfer.engine import make_engine
+
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=8192, spec="off")) as engine:
+        lines = _tool_validity([EngineTarget(engine)], 2)
+        assert lines[-1].strip() == "edgeinfer: 2/2 replies are tool calls whose arguments validate"
+        # A reply whose arguments break the schema, or that makes no call, is not counted.
+        fake = [("", [("read_file", '{"path": 3}')]), ("text", [])]
+        monkeypatch.setattr(targets_module, "tool_replies", lambda *a: fake)
+        assert _tool_validity([EngineTarget(engine)], 2)[-1].strip().startswith("edgeinfer: 0/2")

@@ -68,6 +68,7 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
             targets.append(RawTarget(engine))
     try:
         sweep = _sweep(req, engine, targets, levels, max_tokens)
+        validity = _tool_validity(targets, min(max(levels), 16)) if req.workload == "agent" else []
     finally:
         if engine is not None:
             engine.close()
@@ -75,6 +76,8 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
     from edgeinfer.bench.report import print_sweep, write_json
 
     print_sweep(sweep, echo)
+    for line in validity:
+        echo(line)
     if req.json_out:
         write_json(sweep, req.json_out)
     if req.plot_out:
@@ -82,6 +85,38 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
 
         plot_sweep(sweep, req.plot_out)
         click.echo(f"wrote {req.plot_out}", err=True)
+
+
+def _tool_validity(targets: list[Target], n: int) -> list[str]:
+    """Each target answers n agent conversations with real tools and tool_choice "required" (greedy): the share
+    of replies that are tool calls whose arguments validate against the tool's parameters."""
+    import json
+
+    import jsonschema
+
+    from edgeinfer.bench.targets import tool_replies
+    from edgeinfer.bench.workloads import agent_tools
+
+    tools = agent_tools()
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}  # type: ignore[index]
+
+    def valid(reply: Any) -> bool:
+        _, calls = reply
+        try:
+            for name, arguments in calls:
+                jsonschema.validate(json.loads(arguments), schemas[name])
+        except (KeyError, ValueError, jsonschema.ValidationError):
+            return False
+        return bool(calls)
+
+    lines = [f"\ntool calls with real tools (tool_choice required, greedy, {n} agent conversations):"]
+    for t in targets:
+        replies = tool_replies(t, messages("agent", n, head="[tools] "), tools, 128)
+        if all(r is None for r in replies):
+            continue
+        ok = sum(1 for r in replies if r is not None and valid(r))
+        lines.append(f"  {t.name}: {ok}/{n} replies are tool calls whose arguments validate")
+    return lines
 
 
 def _sweep(req: BenchOptions, engine: Any, targets: list[Target], levels: list[int], max_tokens: int) -> Any:

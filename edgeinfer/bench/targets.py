@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httpx
 import openai
@@ -24,6 +24,7 @@ from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import SamplingParams
 
 Messages = list[list[dict[str, str]]]
+R = TypeVar("R")
 Done = Callable[[], None]  # called once per finished stream (the progress bar)
 
 
@@ -163,7 +164,7 @@ class ServerTarget(Target):
     def run(self, messages: Messages, max_tokens: int, done: Done) -> RunResult:
         return self._guarded(_run_streams(self._client(), self.model, messages, max_tokens, done))
 
-    def _guarded(self, run: Coroutine[Any, Any, RunResult]) -> RunResult:
+    def _guarded(self, run: Coroutine[Any, Any, R]) -> R:
         """Run a benchmark coroutine; the server's refusals become one-line errors."""
         try:
             return asyncio.run(run)
@@ -229,3 +230,54 @@ async def _run_streams(
     finally:
         await client.close()
     return RunResult(list(streams), t_start, time.perf_counter())
+
+
+# --- tool-call validity (the agent workload) ---------------------------------------------
+
+
+def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]], max_tokens: int) -> list[Any]:
+    """Each conversation's reply with `tools` and tool_choice "required" (greedy): (text, tool calls as
+    (name, arguments JSON text)); None where the target cannot be asked (the raw loop)."""
+    if isinstance(target, EngineTarget):
+        return [_engine_tool_reply(target.engine, m, tools, max_tokens) for m in messages]
+    if isinstance(target, ServerTarget):
+        return target._guarded(_server_tool_replies(target, messages, tools, max_tokens))
+    return [None] * len(messages)
+
+
+def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_tokens: int) -> Any:
+    from edgeinfer.server import tools as T
+    from edgeinfer.server.schema import ChatRequest
+
+    req = ChatRequest(
+        model="x", messages=msgs, tools=tools, tool_choice="required", temperature=0, max_tokens=max_tokens
+    )
+    native = engine.template.renders_tools
+    prompt = engine.chat_prompt(T.chat_messages(req, native), tools if native else None)
+    finish = engine.generate(prompt, req.to_sampling(T.tools_grammar(req)))
+    _, calls = T.parse_calls(finish.text)
+    return finish.text, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+async def _server_tool_replies(
+    target: ServerTarget, messages: Messages, tools: list[dict[str, Any]], max_tokens: int
+) -> list[Any]:
+    client = target._client()
+
+    async def one(msgs: Any) -> Any:
+        r = await client.chat.completions.create(
+            model=target.model,
+            messages=msgs,
+            tools=cast(Any, tools),
+            tool_choice="required",
+            temperature=0.0,
+            max_tokens=max_tokens,
+        )
+        m = r.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in m.tool_calls or [] if c.type == "function"]
+        return m.content or "", calls
+
+    try:
+        return list(await asyncio.gather(*(one(m) for m in messages)))
+    finally:
+        await client.close()

@@ -121,6 +121,20 @@ _TOOLS = [
     ("search", "Search the workspace for a regular expression.", '{"regex": "string"}'),
     ("git_diff", "Show the uncommitted changes.", "{}"),
 ]
+
+
+def agent_tools() -> list[dict[str, object]]:
+    """The agent's tools as OpenAI tool definitions (every argument a required string)."""
+    import json
+
+    out: list[dict[str, object]] = []
+    for name, doc, args in _TOOLS:
+        props = {key: {"type": "string", "maxLength": 200} for key in json.loads(args)}
+        params = {"type": "object", "properties": props, "required": list(props)}
+        out.append({"type": "function", "function": {"name": name, "description": doc, "parameters": params}})
+    return out
+
+
 AGENT_SYSTEM = (
     "You are a coding agent working in a repository. Answer every request with exactly one tool call "
     'as JSON: {"tool": NAME, "arguments": {...}}. Tools:\n'
