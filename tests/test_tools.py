@@ -166,6 +166,21 @@ def test_tool_choice_none_is_plain_text(oai):
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
+def test_constrained_and_forced_tokens_are_counted(server, oai):
+    fmt = {"type": "json_schema", "json_schema": {"name": "keys", "schema": CASES[-1].schema}}
+    oai.chat.completions.create(model=MODEL, messages=ask(CASES[-1].prompt), response_format=fmt, temperature=0)
+    tokens = raw(server).get("/v1/edgeinfer/stats").json()["tokens"]
+    assert tokens["generated"] >= tokens["constrained"] > tokens["forced"] > 0
+    text = raw(server).get("/metrics").text
+    assert "edgeinfer_forced_tokens_total" in text and "edgeinfer_constrained_tokens_total" in text
+
+
+def test_completions_take_a_grammar(server):
+    body = {"model": MODEL, "prompt": "Is the sky green? Answer:", "grammar": 'start: " yes" | " no"', "max_tokens": 8}
+    r = raw(server).post("/v1/completions", json=body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in (" yes", " no")
+
+
 BAD = [
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools.0.function.name"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among tools"),

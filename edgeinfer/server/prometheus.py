@@ -42,6 +42,12 @@ class EngineCollector(Collector):
         )
         yield CounterMetricFamily("edgeinfer_generation_tokens", "Tokens generated.", value=snap.tokens.generated)
         yield CounterMetricFamily(
+            "edgeinfer_constrained_tokens", "Tokens of streams with a grammar.", value=snap.tokens.constrained
+        )
+        yield CounterMetricFamily(
+            "edgeinfer_forced_tokens", "Tokens a grammar forced (no sampling step).", value=snap.tokens.forced
+        )
+        yield CounterMetricFamily(
             "edgeinfer_prompt_tokens_cached", "Prompt tokens served from kept KV.", value=pc.hit_tokens
         )
         yield CounterMetricFamily(

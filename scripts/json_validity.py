@@ -1,0 +1,198 @@
+"""Validity of constrained answers over the socket, through the official openai client.
+
+    python scripts/json_validity.py [--spec off auto] [--temperature 0.8] [--rounds 1]
+
+For each speculation mode, one `edgeinfer serve` on a Unix socket; every schema of the
+battery (edgeinfer/bench/battery.py) is asked for with `response_format` json_schema,
+streamed and whole, with n = 1..4 (all requests at once, so they share packed batches);
+then tool calls with tool_choice "required" and with a named tool, over three tools, streamed
+and whole, n = 1..4. Every answer is checked with the jsonschema library. A reply cut by
+max_tokens counts as invalid. Exit status 0 when every answer validates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+
+from edgeinfer.bench.battery import CASES, check
+from edgeinfer.client import async_client
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 40},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "unit"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "book_table",
+            "description": "Book a restaurant table.",
+            "parameters": {
+                "type": "object",
+                "$defs": {"time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}},
+                "properties": {
+                    "restaurant": {"type": "string", "maxLength": 40},
+                    "people": {"type": "integer", "minimum": 1, "maximum": 12},
+                    "time": {"$ref": "#/$defs/time"},
+                    "notes": {"type": ["string", "null"], "maxLength": 60},
+                },
+                "required": ["restaurant", "people", "time"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_files",
+            "description": "Search the workspace.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "maxLength": 80},
+                    "kinds": {"type": "array", "items": {"enum": ["py", "md", "toml"]}, "maxItems": 3},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                },
+                "required": ["query"],
+            },
+        },
+    },
+]
+TOOL_PROMPTS = ["What's the weather in Lyon?", "Book a table for four at Chez Marie at 19:30.", "Find the README."]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}  # type: ignore[index]
+
+
+def start(sock: Path, spec: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--parallel", "16"]
+    proc = subprocess.Popen([*cmd, "--ctx-size", "16384", "--spec", spec], stderr=subprocess.DEVNULL)
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer")
+    for _ in range(600):
+        try:
+            if http.get("/health").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the server did not come up")
+
+
+async def ask(oai: Any, stream: bool, n: int, **kw: Any) -> list[tuple[str, list[tuple[str, str]], str]]:
+    """(content, [(tool name, arguments)], finish_reason) for each of the n choices."""
+    if not stream:
+        r = await oai.chat.completions.create(n=n, **kw)
+        out = []
+        for c in r.choices:
+            calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+            out.append((c.message.content or "", calls, c.finish_reason))
+        return out
+    text, reasons = [""] * n, [""] * n
+    calls: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    async for chunk in await oai.chat.completions.create(n=n, stream=True, **kw):
+        for c in chunk.choices:
+            text[c.index] += c.delta.content or ""
+            for t in c.delta.tool_calls or []:
+                calls[c.index].append((t.function.name, t.function.arguments))  # edgeinfer sends each call whole
+            reasons[c.index] = c.finish_reason or reasons[c.index]
+    return list(zip(text, calls, reasons, strict=True))
+
+
+def calls_valid(calls: list[tuple[str, str]], reason: str, only: str | None) -> bool:
+    if reason != "tool_calls" or not calls:
+        return False
+    try:
+        for name, arguments in calls:
+            if only is not None and name != only:
+                return False
+            jsonschema.validate(json.loads(arguments), PARAMS[name])
+    except (KeyError, ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+async def battery(sock: Path, temperature: float, rounds: int) -> dict[str, list[int]]:
+    """Every request at once; the count of valid answers by kind: [valid, asked]."""
+    oai = async_client(sock).with_options(max_retries=0, timeout=900)
+    common = dict(model="default", temperature=temperature, max_tokens=400)
+    jobs: list[tuple[str, Any, str | None, Any]] = []
+    for r in range(rounds):
+        for i, case in enumerate(CASES):
+            fmt = {"type": "json_schema", "json_schema": {"name": case.name, "schema": case.schema, "strict": True}}
+            messages = [{"role": "user", "content": f"({r}) {case.prompt}"}]
+            for stream in (False, True):
+                n = 1 + (i + stream) % 4
+                jobs.append(("json", case, None, ask(oai, stream, n, messages=messages, response_format=fmt, **common)))
+        for i, prompt in enumerate(TOOL_PROMPTS * 2):
+            named = i >= len(TOOL_PROMPTS)
+            name = TOOLS[i % len(TOOLS)]["function"]["name"] if named else None  # type: ignore[index]
+            choice: Any = {"type": "function", "function": {"name": name}} if named else "required"
+            messages = [{"role": "user", "content": f"({r}) {prompt}"}]
+            for stream in (False, True):
+                coro = ask(
+                    oai, stream, 1 + (i + stream) % 4, messages=messages, tools=TOOLS, tool_choice=choice, **common
+                )
+                jobs.append(("named" if named else "required", None, name, coro))
+    tally: dict[str, list[int]] = {"json": [0, 0], "required": [0, 0], "named": [0, 0]}
+
+    async def run(kind: str, case: Any, name: str | None, coro: Any) -> None:
+        for content, calls, reason in await coro:
+            if kind == "json":
+                ok = reason == "stop" and check(case, content) is None
+            else:
+                ok = calls_valid(calls, reason, name)
+            tally[kind][0] += ok
+            tally[kind][1] += 1
+            if not ok:
+                print(f"  invalid {kind} {case.name if case else name}: {reason} {content[:80]!r} {calls[:1]}")
+
+    await asyncio.gather(*(run(*job) for job in jobs))
+    return tally
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", nargs="+", default=["off", "auto"])
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--rounds", type=int, default=1, help="times through the battery")
+    args = ap.parse_args()
+    failed = False
+    for spec in args.spec:
+        with tempfile.TemporaryDirectory() as d:
+            sock = Path(d) / "edgeinfer.sock"
+            proc = start(sock, spec)
+            try:
+                t0 = time.perf_counter()
+                tally = asyncio.run(battery(sock, args.temperature, args.rounds))
+                took = time.perf_counter() - t0
+            finally:
+                proc.terminate()
+                proc.wait(60)
+        parts = [f"{kind} {ok}/{n}" for kind, (ok, n) in tally.items()]
+        print(f"--spec {spec}, temperature {args.temperature}: valid " + ", ".join(parts) + f" ({took:.0f} s)")
+        failed |= any(ok != n for ok, n in tally.values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
