@@ -20,7 +20,7 @@ from edgeinfer.options import EngineConfig, SamplingParams
 
 # Modules whose every test loads the model, and fixtures that load it.
 MODEL_MODULES = {"test_cli", "test_engine", "test_prefix_engine", "test_server", "test_spec"}
-MODEL_FIXTURES = {"model_path", "engine", "server", "servers", "oai", "runner"}
+MODEL_FIXTURES = {"model_path", "engine", "server", "servers", "oai", "runner", "any_server", "server_spec_off"}
 
 
 def pytest_configure(config):

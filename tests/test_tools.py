@@ -44,12 +44,27 @@ CLOCK = {
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
 
 
-@pytest.fixture(scope="module", params=["auto", "off"])
-def server(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The server with its default speculation (auto)."""
     sock = tmp_path_factory.mktemp("tools") / "edgeinfer.sock"
-    proc = start_server(sock, "--parallel", "8", "--spec", request.param)
+    proc = start_server(sock, "--parallel", "8")
     yield sock
     stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def server_spec_off(tmp_path_factory):
+    sock = tmp_path_factory.mktemp("tools-off") / "edgeinfer.sock"
+    proc = start_server(sock, "--parallel", "8", "--spec", "off")
+    yield sock
+    stop_process(proc)
+
+
+@pytest.fixture(params=["auto", "off"])
+def any_server(request):
+    """Each speculation mode in turn, for the validity checks."""
+    return request.getfixturevalue("server" if request.param == "auto" else "server_spec_off")
 
 
 @pytest.fixture
@@ -69,7 +84,7 @@ def valid_calls(calls) -> list[str]:
     return [c.function.name for c in calls]
 
 
-def test_json_schema_answers_validate_streaming_and_not(server):
+def test_json_schema_answers_validate_streaming_and_not(any_server):
     """A third of the battery per speculation mode, at temperature 0.8, n up to 4, streamed and whole."""
     cases = CASES[::3]
 
@@ -88,7 +103,7 @@ def test_json_schema_answers_validate_streaming_and_not(server):
         return [(case, t, r) for t, r in zip(texts, reasons, strict=True)]
 
     async def run():
-        aoai = async_client(server)
+        aoai = async_client(any_server)
         return await asyncio.gather(*(one(aoai, i, c) for i, c in enumerate(cases)))
 
     answers = [a for group in asyncio.run(run()) for a in group]
@@ -112,7 +127,8 @@ def test_json_object_is_an_object(oai):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
-def test_forced_tool_calls_validate(oai, choice):
+def test_forced_tool_calls_validate(any_server, choice):
+    oai = client(any_server)
     kw = dict(model=MODEL, messages=ask("What time is it in Tokyo?"), tools=[WEATHER, CLOCK], tool_choice=choice)
     r = oai.chat.completions.create(**kw, temperature=0.8, n=4, max_tokens=120)
     for c in r.choices:
@@ -228,6 +244,8 @@ def test_fields_real_clients_send_are_accepted(oai):
         service_tier="auto",
         reasoning_effort="low",
         user="me",
+        prompt_cache_key="agent-1",
+        safety_identifier="someone",
         temperature=0,
     )
     assert r.usage.completion_tokens == 3

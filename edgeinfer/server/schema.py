@@ -181,6 +181,9 @@ class _Sampling(SamplingFields):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
+    prompt_cache_key: str | None = None  # edgeinfer caches prompts by their tokens, whatever the key
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
 
     @model_validator(mode="before")
     @classmethod
