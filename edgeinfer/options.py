@@ -10,6 +10,7 @@ naming the parameter, and the engine trusts what it is given.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -225,3 +226,18 @@ class SamplingParams(SamplingFields):
         except ValidationError as e:
             first = e.errors()[0].get("loc", ("",))
             raise RequestError(problems(e), str(first[0]) if first else None) from None
+
+
+@dataclass(slots=True)
+class ContextParams:
+    """llama.cpp context settings that matter on consumer hardware."""
+
+    n_ctx: int = 8192
+    n_batch: int = 512  # tokens per llama_decode (the per-step token budget)
+    n_ubatch: int = 512  # tokens per physical compute pass
+    n_seq_max: int = 16
+    n_threads: int = 0  # 0: all physical cores
+    n_threads_batch: int = 0
+    flash_attn: str = "auto"
+    kv_type: str = "f16"
+    kv_unified: bool = False  # one cell pool for all sequences; False: one KV stream of n_ctx / n_seq_max each

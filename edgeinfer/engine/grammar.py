@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import re
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgeinfer.errors import RequestError
-from edgeinfer.llamacpp import Context, Vocab, guidance_tokenizer
+from edgeinfer.llamacpp import Context, Vocab
 from edgeinfer.options import Grammar
 
 if TYPE_CHECKING:
@@ -32,6 +33,15 @@ MAX_DEPTH = 32  # nesting of a JSON Schema
 # Compact separators: one fixed way to write JSON, so that more of it is forced, and no room
 # for a small model to pad an answer with whitespace until max_tokens.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def guidance_tokenizer(vocab: Vocab) -> Any:
+    """llguidance's tokenizer over this vocabulary (about half a second: build it once per model)."""
+    from llguidance.llamacpp import lltokenizer_from_vocab
+
+    with warnings.catch_warnings():  # it asks llama-cpp-python for each token's attributes by a deprecated name
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return lltokenizer_from_vocab(vocab.handle())
 
 
 class GrammarFailed(Exception):

@@ -1,4 +1,4 @@
-"""The one package that talks to llama.cpp (sampler.py holds the sampler chain).
+"""The one module that talks to llama.cpp.
 
 Every llama.cpp handle (model, context, batch, sampler) is owned by one Python object
 that frees it in close(). Failures become edgeinfer errors. Only Python ints, bytes,
@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from edgeinfer.errors import ConfigError, DecodeError, EngineClosedError, ModelLoadError
 from edgeinfer.models.gguf import read_gguf
+from edgeinfer.options import ContextParams
 
 DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
 
@@ -75,13 +75,13 @@ class Vocab:
         self._pieces: dict[int, bytes] = {}
         self._eog = np.array([bool(C.llama_vocab_is_eog(handle, t)) for t in range(self.n_tokens)])
 
-    def _handle(self) -> C.llama_vocab_p:
+    def handle(self) -> C.llama_vocab_p:
         if self._h is None:
             raise EngineClosedError("the model is closed; create a new engine")
         return self._h
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        h = self._handle()
+        h = self.handle()
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (C.llama_token * cap)()
@@ -97,7 +97,7 @@ class Vocab:
         key = token if not special else -1 - token
         cached = self._pieces.get(key)
         if cached is None:
-            h = self._handle()
+            h = self.handle()
             buf = ctypes.create_string_buffer(64)
             n = C.llama_token_to_piece(h, token, buf, 64, 0, special)
             if n < 0:
@@ -114,7 +114,7 @@ class Vocab:
 
     def text_of(self, token: int) -> str:
         """The vocabulary entry's own text (for compatibility checks)."""
-        return C.llama_vocab_get_text(self._handle(), token).decode("utf-8", errors="replace")
+        return C.llama_vocab_get_text(self.handle(), token).decode("utf-8", errors="replace")
 
 
 class Model:
@@ -155,21 +155,6 @@ class Model:
             self.vocab._h = None  # the vocabulary lives inside the model
             C.llama_model_free(self._h)
             self._h = None
-
-
-@dataclass(slots=True)
-class ContextParams:
-    """llama.cpp context settings that matter on consumer hardware."""
-
-    n_ctx: int = 8192
-    n_batch: int = 512  # tokens per llama_decode (the per-step token budget)
-    n_ubatch: int = 512  # tokens per physical compute pass
-    n_seq_max: int = 16
-    n_threads: int = 0  # 0: all physical cores
-    n_threads_batch: int = 0
-    flash_attn: str = "auto"
-    kv_type: str = "f16"
-    kv_unified: bool = False  # one cell pool for all sequences; False: one KV stream of n_ctx / n_seq_max each
 
 
 class Context:
@@ -319,6 +304,78 @@ class Batch:
             self.raw = None
 
 
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
+class Sampler:
+    """llama.cpp's native sampler chain for one stream: penalties, top-k/p, min-p, temperature."""
+
+    def __init__(
+        self,
+        n_vocab: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_last_n: int = 64,
+        seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
+    ) -> None:
+        params = C.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self._h = C.llama_sampler_chain_init(params)
+        add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
+        if logit_bias:
+            biases = (C.llama_logit_bias * len(logit_bias))(*(C.llama_logit_bias(t, b) for t, b in logit_bias.items()))
+            add(C.llama_sampler_init_logit_bias(n_vocab, len(logit_bias), biases))
+        if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
+            penalties = (repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
+            add(C.llama_sampler_init_penalties(n_vocab, *penalties))
+        if temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if top_k > 0:
+                add(C.llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                add(C.llama_sampler_init_top_p(top_p, 1))
+            if min_p > 0.0:
+                add(C.llama_sampler_init_min_p(min_p, 1))
+            add(C.llama_sampler_init_temp(temperature))
+            add(C.llama_sampler_init_dist(DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: Context, row: int) -> int:
+        """Sample from output row `row` of the last decode and record the token in the chain."""
+        return int(C.llama_sampler_sample(self._h, ctx.handle, row))
+
+    def sample_masked(self, ctx: Context, row: int, allowed: np.ndarray) -> int:
+        """Sample from row `row` among the tokens marked in `allowed` (a grammar's mask) and record it."""
+        ids = np.flatnonzero(allowed).astype(np.int32)
+        if not len(ids):
+            raise DecodeError("the grammar allows no token here")
+        data = np.zeros(len(ids), TOKEN_DATA)
+        data["id"] = ids
+        data["logit"] = ctx.logits(row)[ids]
+        ptr = data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
+        cur = C.llama_token_data_array(ptr, len(ids), -1, False)
+        C.llama_sampler_apply(self._h, ctypes.byref(cur))
+        token = int(data["id"][cur.selected])
+        C.llama_sampler_accept(self._h, token)
+        return token
+
+    def accept(self, token: int) -> None:
+        """Record a token chosen elsewhere (e.g. the prompt) for the penalties."""
+        C.llama_sampler_accept(self._h, token)
+
+    def close(self) -> None:
+        if self._h:
+            C.llama_sampler_free(self._h)
+            self._h = None
+
+
 def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, overwrite: bool = False) -> None:
     """Write a copy of a GGUF model at another precision (llama_model_quantize); DST is checked first."""
     from edgeinfer.models.catalog import check_copy_target
@@ -337,8 +394,3 @@ def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, ove
     rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise ModelLoadError(f"quantizing {src} to {key} failed (code {rc}); is {dst} writable?")
-
-
-from edgeinfer.llamacpp.sampler import Sampler, guidance_tokenizer  # noqa: E402  (it builds on the above)
-
-__all__ = ["Batch", "Context", "ContextParams", "Model", "Sampler", "Vocab", "guidance_tokenizer", "quantize"]
