@@ -30,26 +30,12 @@ import httpx
 import jsonschema
 import openai
 
-from edgeinfer.bench.battery import CASES, check
+from edgeinfer.bench.battery import CASES, WEATHER, check
 from edgeinfer.client import async_client
 from edgeinfer.models.catalog import resolve_model
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 40},
-                    "unit": {"enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city", "unit"],
-            },
-        },
-    },
+    WEATHER,
     {
         "type": "function",
         "function": {

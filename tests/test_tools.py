@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from edgeinfer.bench.battery import CASES, check
+from edgeinfer.bench.battery import CASES, WEATHER, check
 from edgeinfer.client import async_client, client
 from edgeinfer.server import tools as T
 from edgeinfer.server.schema import ChatRequest
@@ -17,18 +17,6 @@ from .conftest import stop_process
 from .test_server import raw, start_server
 
 MODEL = "default"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-        },
-    },
-}
 CLOCK = {
     "type": "function",
     "function": {

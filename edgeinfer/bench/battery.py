@@ -150,6 +150,17 @@ CASES = [
 ]
 
 
+# A tool for the tool-call checks (scripts/json_validity.py, tests/test_tools.py).
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": _obj({"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}}),
+    },
+}
+
+
 def schema_text(case: Case) -> str:
     return json.dumps(case.schema)
 
