@@ -177,6 +177,11 @@ class Context:
         params.n_threads = threads
         params.n_threads_batch = p.n_threads_batch or threads
         self.flash_attn = resolve_flash_attn(p.flash_attn, p.kv_type, model.gpu_layers)
+        on_gpu = model.gpu_layers != 0 and C.llama_supports_gpu_offload()
+        # A row's logits do not depend on what else its batch holds: measured on the CPU with
+        # flash attention on. With it off they round apart by batch shape (measured); on a GPU
+        # it is not checked, so not counted on.
+        self.batch_invariant = self.flash_attn == "on" and not on_gpu
         params.flash_attn_type = FLASH_ATTN[self.flash_attn]
         params.type_k = KV_TYPES[p.kv_type]
         params.type_v = KV_TYPES[p.kv_type]

@@ -29,8 +29,11 @@ import httpx
 import openai
 
 from edgeinfer.client import async_client
+from edgeinfer.engine import Engine, make_engine
+from edgeinfer.options import EngineConfig, SamplingParams
 
 PROMPTS = [f"Tell me {k} facts about {t}." for k in (2, 3) for t in ("rivers", "owls", "tea", "Rome", "glass")]
+GREEDY_TOKENS = 48
 BAD_BODIES = {
     "malformed": b"{not json",
     "invalid-utf8": b'{"model": "default", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
@@ -51,6 +54,7 @@ class Soak:
         self.sock, self.hang_s = sock, hang_s
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.greedy: dict[str, str] = {}  # prompt -> whole greedy answer
+        self.greedy_all: list[tuple[str, str]] = []  # (prompt, whole greedy answer), every one
         self.streamed: list[tuple[str, str]] = []  # (prompt, streamed greedy text)
         self.hung: list[str] = []
         self.longest_stall = 0.0  # seconds the engine had work but took no step
@@ -77,10 +81,11 @@ class Soak:
             self.outcomes["connection lost"] += 1
 
     async def _do(self, kind: str, prompt: str, rng: random.Random) -> None:
-        greedy = dict(model="default", messages=self.msgs(prompt), temperature=0, max_tokens=48)
+        greedy = dict(model="default", messages=self.msgs(prompt), temperature=0, max_tokens=GREEDY_TOKENS)
         if kind == "chat":
             r = await self.oai.chat.completions.create(**greedy)
             self.greedy.setdefault(prompt, r.choices[0].message.content or "")
+            self.greedy_all.append((prompt, r.choices[0].message.content or ""))
             self.outcomes["completed chat"] += 1
         elif kind == "stream":
             stream = await self.oai.chat.completions.create(**greedy, stream=True)
@@ -175,6 +180,95 @@ async def in_flight_at_sigterm(soak: Soak, proc: subprocess.Popen[str], streams:
     return ends
 
 
+NEAR_TIE_NATS = 0.5  # as the tests' near-tie helper
+MAX_FORCED = 4
+
+
+def check_greedy_texts(texts: dict[str, set[str]], flash_attn: str, max_tokens: int) -> tuple[list[str], list[float]]:
+    """Every distinct greedy answer the soak saw, against the prompt's greedy answer computed alone.
+
+    Packed batches round differently from a lone stream's (README, Packed and alone), so answers
+    may part from the alone reference, but only where its top two candidates nearly tie. Past each
+    such parting the reference is recomputed from the answer's own choice (teacher forcing), so a
+    later, confident parting is still found. Returns one line per answer that parts elsewhere,
+    and the gaps (nats between the reference's choice and the answer's) of the partings accepted.
+    """
+    config = EngineConfig(model="default", spec="off", cache_ram=0, parallel=1, flash_attn=flash_attn)
+    failures: list[str] = []
+    gaps: list[float] = []
+    with make_engine(config) as eng:
+        for prompt, answers in texts.items():
+            for text in answers:
+                why = _parts_at_near_ties_only(
+                    eng, eng.chat_prompt([{"role": "user", "content": prompt}]), text, max_tokens, gaps
+                )
+                if why:
+                    failures.append(f"{prompt!r} -> {text[:60]!r}...: {why}")
+    return failures, gaps
+
+
+def _parts_at_near_ties_only(
+    eng: Engine, prompt: list[int], text: str, max_tokens: int, gaps: list[float]
+) -> str | None:
+    ids, done = list(prompt), ""  # the answer's tokens so far, as the reference chose or was forced, and their text
+    for _ in range(MAX_FORCED + 1):
+        left = max_tokens - (len(ids) - len(prompt))
+        if left == 0:
+            return None if done == text else f"the reference hit max_tokens at {len(done)} of {len(text)} chars"
+        ref = eng.generate(ids, SamplingParams(temperature=0, max_tokens=left, logprobs=5))
+        for tok, lp in zip(ref.token_ids, ref.logprobs, strict=True):
+            if lp.text and text.startswith(done + lp.text):
+                ids.append(tok)
+                done += lp.text
+                continue
+            break  # the answer parts from the reference at this token
+        else:
+            if done == text:
+                return None
+            if len(ref.token_ids) == left:
+                return f"the reference hit max_tokens at {len(done)} of {len(text)} chars"
+            # The reference ended (end of text) where the answer went on: the top five there.
+            lp = eng.generate(ids, SamplingParams(temperature=0, max_tokens=1, logprobs=5, ignore_eos=True)).logprobs[0]
+        at = len(ids) - len(prompt)
+        if done == text:  # the answer ended here, the reference went on: the end token is its choice
+            alts = [(t, "", v) for t, _, v in lp.top if eng.vocab.is_eog(t)]
+        else:
+            alts = [(t, s, v) for t, s, v in lp.top if s and text.startswith(done + s) and t != lp.token]
+        if not alts:
+            return f"token {at}: none of the reference's top five continues the answer"
+        t, s, v = max(alts, key=lambda a: len(a[1]))
+        best = max(v for _, _, v in lp.top)
+        if (gap := best - v) >= NEAR_TIE_NATS:
+            return f"token {at}: parts where the reference was confident ({gap:.2f} nats)"
+        gaps.append(gap)
+        if not s:
+            return None  # the answer's end was a near-tie
+        ids.append(t)
+        done += s
+    return f"more than {MAX_FORCED} near-ties"
+
+
+def tie_summary(gaps: list[float]) -> str:
+    if not gaps:
+        return "no near-ties: every answer is the alone one"
+    gaps = sorted(gaps)
+    return (
+        f"{len(gaps)} near-ties passed, gap between the reference's top choice and the answer's: "
+        f"median {gaps[len(gaps) // 2]:.4f}, largest {gaps[-1]:.4f} nats"
+    )
+
+
+def recheck(path: Path, flash_attn: str) -> int:
+    """--check-answers: the near-tie check alone, on answers a soak saved."""
+    texts = {p: set(t) for p, t in json.loads(path.read_text()).items()}
+    ties, gaps = check_greedy_texts(texts, flash_attn, GREEDY_TOKENS)
+    print(f"{sum(map(len, texts.values()))} answers; parting other than at near-ties: {len(ties)}")
+    for line in ties[:10]:
+        print(f"  {line}")
+    print(f"  {tie_summary(gaps)}")
+    return 1 if ties else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=600, help="seconds of traffic [600]")
@@ -190,13 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rss-mb", type=float, default=300, help="largest allowed resident memory growth beyond --cache-ram [300]"
     )
+    ap.add_argument(
+        "--flash-attn", choices=["auto", "on", "off"], default="auto", help="the server's --flash-attn [auto]"
+    )
     ap.add_argument("--strict-text", action="store_true", help="fail, not only report, on stream/whole differences")
+    ap.add_argument("--check-answers", type=Path, help="only check the greedy answers a soak saved (its JSON)")
     args = ap.parse_args(argv)
+    if args.check_answers:
+        return recheck(args.check_answers, args.flash_attn)
 
     sock = Path(tempfile.mkdtemp(prefix="soak-")) / "s.sock"
     cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--parallel", str(args.parallel)]
     cmd += ["--ctx-size", str(args.ctx_size), "--grace", str(args.grace), "--spec", args.spec]
-    cmd += ["--cache-ram", str(args.cache_ram)]
+    cmd += ["--cache-ram", str(args.cache_ram), "--flash-attn", args.flash_attn]
     if args.spec == "draft":
         cmd += ["--draft-model", args.draft_model]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -249,9 +349,19 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
         "server exited after SIGTERM": code is not None,
         "no socket file left": not sock.exists(),
     }
+    texts: dict[str, set[str]] = collections.defaultdict(set)
+    for p, t in [*soak.greedy_all, *soak.streamed]:
+        texts[p].add(t)
+    answers_file = sock.parent / "greedy-answers.json"
+    answers_file.write_text(json.dumps({p: sorted(t) for p, t in texts.items()}, indent=1))
+    ties, gaps = check_greedy_texts(texts, args.flash_attn, GREEDY_TOKENS)
+    checks["every greedy answer equals the alone one, or parts from it only at near-ties"] = not ties
     if args.strict_text:
         checks["streamed text == whole text (greedy)"] = not mismatched
-    print(f"soak: {args.duration:g} s, {args.clients} clients, spec {args.spec}, parallel {args.parallel}")
+    print(
+        f"soak: {args.duration:g} s, {args.clients} clients, spec {args.spec}, parallel {args.parallel}, "
+        f"flash attention {args.flash_attn}"
+    )
     print("requests by outcome:")
     for k, n in sorted({**soak.outcomes, **ends}.items()):
         print(f"  {k:<44} {n}")
@@ -265,6 +375,12 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     print(f"KV used {kv['used_cells']} cells; RAM tier {saved}; RSS {rss0 // 1024} -> {rss1 // 1024} MB")
     print(f"streamed vs whole greedy text: {compared - len(mismatched)}/{compared} equal", end="")
     print("" if not mismatched else " (differences can be batch-shape near-ties; see README, Packed and alone)")
+    n_texts = sum(map(len, texts.values()))
+    print(f"distinct greedy answers: {n_texts} for {len(texts)} prompts (in {answers_file}); ", end="")
+    print(f"parting from the alone answer other than at near-ties: {len(ties)}")
+    print(f"  {tie_summary(gaps)}")
+    for line in ties[:10]:
+        print(f"  {line}")
     print(f"server exit status {code}")
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAIL'}] {name}")

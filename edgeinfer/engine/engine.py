@@ -68,7 +68,7 @@ class Engine:
         try:
             self.ctx = Context(self.model, ctx_params)
             if config.spec != "off":
-                self.spec = Speculator(config, self.model, ctx_params)
+                self.spec = Speculator(config, self.model, ctx_params, self.ctx.batch_invariant)
         except BaseException:
             if getattr(self, "ctx", None) is not None:
                 self.ctx.close()

@@ -66,8 +66,11 @@ class SpecCounters:
 class Speculator:
     """Drafts for decoding streams and verifies the drafts, losslessly."""
 
-    def __init__(self, config: EngineConfig, target: Model, ctx_params: ContextParams) -> None:
+    def __init__(
+        self, config: EngineConfig, target: Model, ctx_params: ContextParams, batch_invariant: bool = False
+    ) -> None:
         self.mode = config.spec
+        self.batch_invariant = batch_invariant
         self.adaptive = config.spec == "auto"
         self.drafter: DraftModel | None = None
         if config.draft_model is not None:
@@ -89,6 +92,11 @@ class Speculator:
             return  # penalties depend on every emitted token; the verifiers do not model them
         if params.logprobs is not None or params.grammar is not None or params.logit_bias:
             return  # a grammar's stream has its forced tokens instead; a biased one is not the model's law
+        if params.seed is not None and params.temperature > 0 and not self.batch_invariant:
+            # A verified draft row rounds apart from a plain step's row here, and a seeded draw
+            # near an interval edge would land elsewhere: a seed promises the same text with
+            # speculation on or off, so seeded sampling decodes plainly.
+            return
         ngram = None
         if self.source == "ngram":
             ngram = NgramIndex()
