@@ -107,7 +107,7 @@ def test_kv_is_clean_after_rejections(model_path):
 def test_rejection_sampling_path_runs_and_counts(model_path):
     config = EngineConfig(model=model_path, spec="draft", draft_model=model_path, spec_verify="rejection", **EXACT)
     with make_engine(config) as eng:
-        r = eng.generate(chat(eng, PROMPTS[2]), SamplingParams(temperature=0.7, max_tokens=40, seed=3))
+        r = eng.generate(chat(eng, PROMPTS[2]), SamplingParams(temperature=0.7, max_tokens=40))
         stats = eng.snapshot().spec
     assert r.stats.completion_tokens == 40 or r.finish_reason == "stop"
     assert stats.verifications > 0 and stats.accepted <= stats.drafted
