@@ -3,27 +3,38 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-# llama-cpp-python builds llama.cpp from source. Extra CMake flags select a GPU backend,
-# e.g. make install LLAMA_CMAKE_ARGS="-DGGML_CUDA=on" (see README, GPU builds).
+# llama-cpp-python builds llama.cpp from source. On Linux the build is portable: ggml's CPU
+# kernels for every x86-64 (or Arm) level, the best loaded at run time (GGML_BACKEND_DL), so
+# one build serves this virtualenv and the one-file binary on any machine; measured as fast
+# as a -march=native build here (README, One file). Elsewhere (macOS) the build is native.
+# LLAMA_CMAKE_ARGS adds flags, e.g. a GPU backend: make install LLAMA_CMAKE_ARGS="-DGGML_CUDA=on".
 LLAMA_CMAKE_ARGS ?=
-# On x86-64 the native build would use AMX tile instructions wherever the CPU lists them;
-# some VMs list AMX without enabling it, and llama.cpp then crashes on its first matrix
-# product. Consumer CPUs have no AMX, so it is left out.
-ifeq ($(shell uname -m),x86_64)
-NOAMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+ifeq ($(shell uname -s),Linux)
+PORTABLE := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_INSTALL_BINDIR=llama_cpp/lib -DCMAKE_INSTALL_LIBDIR=llama_cpp/lib
+# The AMX variant is left out: some VMs list AMX without enabling it, and the variant then
+# dies of an illegal instruction on its first matrix product (seen here). Consumer CPUs have
+# no AMX; servers that do get the AVX-512 variants.
+DROP := --drop llama_cpp/lib/libggml-cpu-sapphirerapids.so
 endif
-WHEELS := .wheels/$(shell printf '%s|%s' "$(NOAMX)" "$(LLAMA_CMAKE_ARGS)" | md5sum | cut -c1-8)
+CMAKE_FLAGS := $(strip $(PORTABLE) $(LLAMA_CMAKE_ARGS))
+# The built wheel is kept in the user's cache, one folder per llama-cpp-python version and
+# build flags (and CPU, for a native build), so every clone on this machine, CI's included,
+# reuses it; a new machine or new flags build from source.
+LLAMA_CPP_PYTHON := 0.3.36
+CPU_KEY := $(if $(PORTABLE),portable,$(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-8))
+WHEEL_KEY := $(shell printf '%s|%s|%s|%s' "$(CMAKE_FLAGS)" "$(DROP)" "$$(uname -m)" "$(CPU_KEY)" | md5sum | cut -c1-10)
+WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/edgeinfer/wheels
+WHEELS := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)-$(WHEEL_KEY)
 
-.PHONY: install chat test test-fast lint format typecheck bench clean
+.PHONY: install chat binary test test-fast lint format typecheck bench clean clean-wheels
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@if ! ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
-	  echo "Building llama.cpp through llama-cpp-python (about 5 minutes on 2 cores)..."; \
-	  CFLAGS="$(NOAMX)" CXXFLAGS="$(NOAMX)" CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir -w $(WHEELS) llama-cpp-python==0.3.36; \
-	fi
-	$(PY) -m pip install -q --find-links $(WHEELS) --only-binary llama-cpp-python -e '.[dev]'
+	$(PY) scripts/build_llama_wheel.py --package llama-cpp-python==$(LLAMA_CPP_PYTHON) --out "$(WHEELS)" \
+	  --cmake-args "$(CMAKE_FLAGS)" $(DROP)
+	$(PY) -m pip install -q --no-deps --force-reinstall --no-index --find-links "$(WHEELS)" llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	$(PY) -m pip install -q --find-links "$(WHEELS)" --only-binary llama-cpp-python -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -31,7 +42,15 @@ install: $(VENV)/.installed
 chat: $(VENV)/.installed
 	$(VENV)/bin/edgeinfer chat
 
-test: $(VENV)/.installed
+# One file with Python, edgeinfer, llama.cpp and the default model (README, One file).
+BINARY_SOURCES := $(shell git ls-files edgeinfer models tui 2>/dev/null) pyproject.toml scripts/build_binary.py
+
+binary: dist/edgeinfer
+
+dist/edgeinfer: $(VENV)/.installed $(BINARY_SOURCES)
+	$(PY) scripts/build_binary.py --out $@
+
+test: $(VENV)/.installed dist/edgeinfer
 	$(PY) -m pytest -q
 
 # The pure tests only (no model loaded): the inner loop, in seconds.
@@ -51,4 +70,8 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/edgeinfer bench --plot bench-chat.png --json bench-chat.json
 
 clean:
-	rm -rf $(VENV) .wheels
+	rm -rf $(VENV) .wheels build dist
+
+# The cached llama.cpp wheels of every flag set (the next install builds again).
+clean-wheels:
+	rm -rf "$(WHEEL_CACHE)"

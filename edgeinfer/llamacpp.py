@@ -60,6 +60,11 @@ def _init_backend() -> None:
         if not _initialised:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
             C.llama_backend_init()
+            # A build with loadable backends (GGML_BACKEND_DL: the portable build's CPU variants, a
+            # GPU backend) keeps them beside libllama: load the best for this machine before a model.
+            lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(C.__file__).parent / "lib")
+            if any(lib.glob("libggml-cpu-*.so")):  # through libllama's own libggml: dlsym searches its needs
+                C.llama_cpp._lib.ggml_backend_load_all_from_path(str(lib).encode())
             _initialised = True
 
 
@@ -86,10 +91,9 @@ class Vocab:
         cap = len(data) + 8
         buf = (C.llama_token * cap)()
         n = C.llama_tokenize(h, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (C.llama_token * cap)()
-            n = C.llama_tokenize(h, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:  # -n tokens needed
+            buf = (C.llama_token * -n)()
+            n = C.llama_tokenize(h, data, len(data), buf, len(buf), add_special, parse_special)
         return buf[:n]
 
     def piece(self, token: int, special: bool = False) -> bytes:
@@ -177,11 +181,9 @@ class Context:
         params.n_threads = threads
         params.n_threads_batch = p.n_threads_batch or threads
         self.flash_attn = resolve_flash_attn(p.flash_attn, p.kv_type, model.gpu_layers)
-        on_gpu = model.gpu_layers != 0 and C.llama_supports_gpu_offload()
-        # A row's logits do not depend on what else its batch holds: measured on the CPU with
-        # flash attention on. With it off they round apart by batch shape (measured); on a GPU
-        # it is not checked, so not counted on.
-        self.batch_invariant = self.flash_attn == "on" and not on_gpu
+        # A row's logits do not depend on what else its batch holds: measured on the CPU with flash
+        # attention on; off, rows round apart by batch shape; on a GPU not checked, so not counted on.
+        self.batch_invariant = self.flash_attn == "on" and not (model.gpu_layers and C.llama_supports_gpu_offload())
         params.flash_attn_type = FLASH_ATTN[self.flash_attn]
         params.type_k = KV_TYPES[p.kv_type]
         params.type_v = KV_TYPES[p.kv_type]
@@ -212,11 +214,9 @@ class Context:
     def decode(self, batch: Batch) -> bool:
         """Run one llama_decode. Returns False when the KV cache has no room for the batch."""
         rc = C.llama_decode(self._h, batch.raw)
-        if rc == 1:
-            return False
-        if rc != 0:
+        if rc not in (0, 1):
             raise DecodeError(f"llama_decode failed with code {rc}")
-        return True
+        return rc == 0
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits row of output i of the last decode (float32, n_vocab)."""
@@ -292,9 +292,8 @@ class Batch:
         self._token[i:j] = tokens
         self._pos[i:j] = np.arange(pos0, pos0 + k)
         self._logits[i:j] = 0
-        seq_ids = self._seq
         for r in range(i, j):
-            seq_ids[r][0] = seq
+            self._seq[r][0] = seq
         if want_logits:
             self._logits[j - 1] = 1
         if logits_from >= 0:
