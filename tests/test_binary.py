@@ -69,6 +69,16 @@ def test_generate_gives_the_virtualenv_install_greedy_text(home):
     assert again.returncode == 0 and "unpacking" not in again.stderr and again.stdout == frozen.stdout
 
 
+def test_model_path_takes_another_gguf(home, model_path, tmp_path):
+    other = tmp_path / "mine.gguf"
+    other.write_bytes(Path(model_path).read_bytes())
+    r = run(home, "generate", "--model", str(other), "--temperature", "0", "--max-tokens", "4", PROMPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    missing = run(home, "generate", "--model", str(tmp_path / "absent.gguf"), PROMPT)
+    assert missing.returncode != 0 and "absent.gguf" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_models_names_the_built_in_model(home):
     r = run(home, "models")
     assert r.returncode == 0, r.stderr
