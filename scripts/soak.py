@@ -27,10 +27,9 @@ from typing import Any
 
 import httpx
 import openai
+from near_ties import check_greedy_texts, tie_summary
 
 from edgeinfer.client import async_client
-from edgeinfer.engine import Engine, make_engine
-from edgeinfer.options import EngineConfig, SamplingParams
 
 PROMPTS = [f"Tell me {k} facts about {t}." for k in (2, 3) for t in ("rivers", "owls", "tea", "Rome", "glass")]
 GREEDY_TOKENS = 48
@@ -178,84 +177,6 @@ async def in_flight_at_sigterm(soak: Soak, proc: subprocess.Popen[str], streams:
     _, pending = await asyncio.wait(tasks, timeout=soak.hang_s)
     ends["at SIGTERM: hung"] += len(pending)
     return ends
-
-
-NEAR_TIE_NATS = 0.5  # as the tests' near-tie helper
-MAX_FORCED = 4
-
-
-def check_greedy_texts(texts: dict[str, set[str]], flash_attn: str, max_tokens: int) -> tuple[list[str], list[float]]:
-    """Every distinct greedy answer the soak saw, against the prompt's greedy answer computed alone.
-
-    Packed batches round differently from a lone stream's (README, Packed and alone), so answers
-    may part from the alone reference, but only where its top two candidates nearly tie. Past each
-    such parting the reference is recomputed from the answer's own choice (teacher forcing), so a
-    later, confident parting is still found. Returns one line per answer that parts elsewhere,
-    and the gaps (nats between the reference's choice and the answer's) of the partings accepted.
-    """
-    config = EngineConfig(model="default", spec="off", cache_ram=0, parallel=1, flash_attn=flash_attn)
-    failures: list[str] = []
-    gaps: list[float] = []
-    with make_engine(config) as eng:
-        for prompt, answers in texts.items():
-            for text in answers:
-                why = _parts_at_near_ties_only(
-                    eng, eng.chat_prompt([{"role": "user", "content": prompt}]), text, max_tokens, gaps
-                )
-                if why:
-                    failures.append(f"{prompt!r} -> {text[:60]!r}...: {why}")
-    return failures, gaps
-
-
-def _parts_at_near_ties_only(
-    eng: Engine, prompt: list[int], text: str, max_tokens: int, gaps: list[float]
-) -> str | None:
-    ids, done = list(prompt), ""  # the answer's tokens so far, as the reference chose or was forced, and their text
-    for _ in range(MAX_FORCED + 1):
-        left = max_tokens - (len(ids) - len(prompt))
-        if left == 0:
-            return None if done == text else f"the reference hit max_tokens at {len(done)} of {len(text)} chars"
-        ref = eng.generate(ids, SamplingParams(temperature=0, max_tokens=left, logprobs=5))
-        for tok, lp in zip(ref.token_ids, ref.logprobs, strict=True):
-            if lp.text and text.startswith(done + lp.text):
-                ids.append(tok)
-                done += lp.text
-                continue
-            break  # the answer parts from the reference at this token
-        else:
-            if done == text:
-                return None
-            if len(ref.token_ids) == left:
-                return f"the reference hit max_tokens at {len(done)} of {len(text)} chars"
-            # The reference ended (end of text) where the answer went on: the top five there.
-            lp = eng.generate(ids, SamplingParams(temperature=0, max_tokens=1, logprobs=5, ignore_eos=True)).logprobs[0]
-        at = len(ids) - len(prompt)
-        if done == text:  # the answer ended here, the reference went on: the end token is its choice
-            alts = [(t, "", v) for t, _, v in lp.top if eng.vocab.is_eog(t)]
-        else:
-            alts = [(t, s, v) for t, s, v in lp.top if s and text.startswith(done + s) and t != lp.token]
-        if not alts:
-            return f"token {at}: none of the reference's top five continues the answer"
-        t, s, v = max(alts, key=lambda a: len(a[1]))
-        best = max(v for _, _, v in lp.top)
-        if (gap := best - v) >= NEAR_TIE_NATS:
-            return f"token {at}: parts where the reference was confident ({gap:.2f} nats)"
-        gaps.append(gap)
-        if not s:
-            return None  # the answer's end was a near-tie
-        ids.append(t)
-        done += s
-    return f"more than {MAX_FORCED} near-ties"
-
-
-def tie_summary(gaps: list[float]) -> str:
-    if not gaps:
-        return "no near-ties: every answer is the alone one"
-    gaps = sorted(gaps)
-    return (
-        f"{len(gaps)} near-ties passed, gap between the reference's top choice and the answer's: "
-        f"median {gaps[len(gaps) // 2]:.4f}, largest {gaps[-1]:.4f} nats"
-    )
 
 
 def recheck(path: Path, flash_attn: str) -> int:
