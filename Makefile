@@ -16,7 +16,9 @@ PORTABLE := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -D
 # no AMX; servers that do get the AVX-512 variants.
 DROP := --drop llama_cpp/lib/libggml-cpu-sapphirerapids.so
 endif
-CMAKE_FLAGS := $(strip $(PORTABLE) $(LLAMA_CMAKE_ARGS))
+# ggml's RPC backend, for `edgeinfer worker` and --rpc (README, Beyond one machine).
+RPC := -DGGML_RPC=ON
+CMAKE_FLAGS := $(strip $(PORTABLE) $(RPC) $(LLAMA_CMAKE_ARGS))
 # The built wheel is kept in the user's cache, one folder per llama-cpp-python version and
 # build flags (and CPU, for a native build), so every clone on this machine, CI's included,
 # reuses it; a new machine or new flags build from source.
@@ -26,20 +28,24 @@ WHEEL_KEY := $(shell printf '%s|%s|%s|%s' "$(CMAKE_FLAGS)" "$(DROP)" "$$(uname -
 WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/edgeinfer/wheels
 WHEELS := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)-$(WHEEL_KEY)
 
+# The virtualenv's stamp names the llama.cpp build it holds: new flags install again.
+STAMP := $(VENV)/.installed-$(WHEEL_KEY)
+
 .PHONY: install chat binary test test-fast lint format typecheck bench clean clean-wheels
 
-$(VENV)/.installed: pyproject.toml
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) scripts/build_llama_wheel.py --package llama-cpp-python==$(LLAMA_CPP_PYTHON) --out "$(WHEELS)" \
 	  --cmake-args "$(CMAKE_FLAGS)" $(DROP)
 	$(PY) -m pip install -q --no-deps --force-reinstall --no-index --find-links "$(WHEELS)" llama-cpp-python==$(LLAMA_CPP_PYTHON)
 	$(PY) -m pip install -q --find-links "$(WHEELS)" --only-binary llama-cpp-python -e '.[dev]'
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-install: $(VENV)/.installed
+install: $(STAMP)
 
-chat: $(VENV)/.installed
+chat: $(STAMP)
 	$(VENV)/bin/edgeinfer chat
 
 # One file with Python, edgeinfer, llama.cpp and the default model (README, One file).
@@ -47,26 +53,26 @@ BINARY_SOURCES := $(shell git ls-files edgeinfer models tui 2>/dev/null) pyproje
 
 binary: dist/edgeinfer
 
-dist/edgeinfer: $(VENV)/.installed $(BINARY_SOURCES)
+dist/edgeinfer: $(STAMP) $(BINARY_SOURCES)
 	$(PY) scripts/build_binary.py --out $@
 
-test: $(VENV)/.installed dist/edgeinfer
+test: $(STAMP) dist/edgeinfer
 	$(PY) -m pytest -q
 
 # The pure tests only (no model loaded): the inner loop, in seconds.
-test-fast: $(VENV)/.installed
+test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not model"
 
-lint: $(VENV)/.installed
+lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-format: $(VENV)/.installed
+format: $(STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
-typecheck: $(VENV)/.installed
+typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-bench: $(VENV)/.installed
+bench: $(STAMP)
 	$(VENV)/bin/edgeinfer bench --plot bench-chat.png --json bench-chat.json
 
 clean:

@@ -122,6 +122,17 @@ class EngineConfig(Options):
         "draft's probabilities: more drafts accepted, the same output law, but other seeded text).",
     )
 
+    rpc: str | None = Field(
+        None,
+        description="ggml RPC workers (`edgeinfer worker`), HOST:PORT[,HOST:PORT...]: the model's layers are split "
+        "across this machine and them. Unauthenticated and unencrypted: trusted networks or tunnels only.",
+    )
+    tensor_split: str | None = Field(
+        None,
+        description="With --rpc: shares of the layers, this machine first, then each worker's device, e.g. 1,2,2 "
+        "[default: by each device's free memory].",
+    )
+
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with some options changed, checked like a new config."""
         return EngineConfig(**{**self.model_dump(), **changes})
@@ -141,13 +152,53 @@ class EngineConfig(Options):
 
         return resolve_model(value)
 
+    @field_validator("rpc", mode="after")
+    @classmethod
+    def _endpoints(cls, value: str | None) -> str | None:
+        return None if value is None else ",".join(f"{h}:{p}" for h, p in parse_endpoints(value))
+
+    @field_validator("tensor_split", mode="after")
+    @classmethod
+    def _shares(cls, value: str | None) -> str | None:
+        return None if value is None else ",".join(f"{x:g}" for x in parse_shares(value))
+
+    @property
+    def rpc_endpoints(self) -> list[tuple[str, int]]:
+        return parse_endpoints(self.rpc) if self.rpc else []
+
     @model_validator(mode="after")
     def _consistent(self) -> EngineConfig:
+        if self.tensor_split is not None and not self.rpc:
+            raise ValueError("--tensor-split needs --rpc (it shares the layers between this machine and workers)")
         if self.batch_size < self.parallel:
             raise ValueError(f"--batch-size {self.batch_size} must be at least --parallel ({self.parallel})")
         if self.spec == "draft" and self.draft_model is None:
             raise ValueError("--spec draft needs --draft-model PATH (a smaller model of the same vocabulary)")
         return self
+
+
+def parse_endpoints(text: str) -> list[tuple[str, int]]:
+    """'host:port,host:port' -> [(host, port)]; ValueError naming the bad entry."""
+    out = []
+    for part in text.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{part.strip()!r} is not HOST:PORT (e.g. 127.0.0.1:50052)")
+        out.append((host.strip("[]"), int(port)))
+    if len(set(out)) != len(out):
+        raise ValueError("a worker is named twice")
+    return out
+
+
+def parse_shares(text: str) -> list[float]:
+    """'1,2,2' -> [1.0, 2.0, 2.0]; ValueError unless numbers >= 0, not all 0."""
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of numbers (e.g. 1,2,2)") from None
+    if any(not x >= 0 or x == float("inf") for x in shares) or not any(shares):
+        raise ValueError(f"{text!r}: shares must be numbers >= 0, at least one above 0")
+    return shares
 
 
 class SamplingFields(BaseModel):

@@ -48,6 +48,12 @@ class GGUFInfo:
     file_size: int
     # Lengths of arrays too long to keep (e.g. tokenizer.ggml.tokens).
     array_lengths: dict[str, int] = field(default_factory=dict)
+    # Bytes of tensor data by group: "blk.N" for repeating layer N, else the tensor's name.
+    tensor_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.metadata.get(f"{self.architecture}.block_count", 0))
 
     @property
     def architecture(self) -> str:
@@ -139,8 +145,9 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                 key = r.string()
                 meta[key] = r.value(r.scalar("<I"), key, lengths)
             n_params, data_end = 0, 0
+            groups: dict[str, int] = {}
             for _ in range(n_tensors):
-                r.string()
+                name = r.string()
                 n_dims = r.scalar("<I")
                 if n_dims > 8:
                     raise ModelFileError(f"{p}: corrupt GGUF tensor table ({n_dims} dimensions)")
@@ -151,6 +158,8 @@ def read_gguf(path: str | Path) -> GGUFInfo:
                 n_params += n_el
                 per_block, block_bytes = _BLOCK.get(ttype, (1, 0))
                 data_end = max(data_end, offset + n_el // per_block * block_bytes)
+                group = ".".join(name.split(".")[:2]) if name.startswith("blk.") else name
+                groups[group] = groups.get(group, 0) + n_el // per_block * block_bytes
             align = int(meta.get("general.alignment", 32))
             data_start = -(-f.tell() // align) * align
     except OSError as e:
@@ -160,4 +169,4 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         raise ModelFileError(
             f"{p}: the file is truncated ({size} bytes, {missing} fewer than its tensors need); download it again"
         )
-    return GGUFInfo(p, version, meta, n_tensors, n_params, size, lengths)
+    return GGUFInfo(p, version, meta, n_tensors, n_params, size, lengths, groups)

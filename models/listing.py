@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -66,3 +67,18 @@ def show_model(path: str) -> None:
     click.echo(
         f"  GGUF v{info.version}, {info.n_tensors} tensors, chat template: {'yes' if info.chat_template else 'no'}"
     )
+
+
+def show_split(config: Any) -> None:
+    """`models --rpc`: which device would hold how many of the model's layers, without loading it."""
+    from edgeinfer.llamacpp.rpc import place_for
+
+    info = read_gguf(config.model)
+    placement = place_for(config, info)
+    click.echo(click.style(f"{info.name}: {info.n_layer} layers and the output layer", bold=True))
+    click.echo(f"  {'device':<8} {'where':<22} {'layers':>6} {'weights':>10} {'free memory':>12}")
+    for d in placement.shares:
+        mib = lambda n: f"{n / (1 << 20):.0f} MiB"  # noqa: E731
+        click.echo(f"  {d.device:<8} {d.where:<22} {d.layers:>6} {mib(d.weight_bytes):>10} {mib(d.free_bytes):>12}")
+    note = "  each layer's KV cache lives with it; the token embeddings stay on this machine"
+    click.echo(click.style(note, dim=True))

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from edgeinfer.bench.results import warm_figure
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,8 +35,7 @@ def timed(cmd: list[str], home: Path) -> float:
 
 def decode_tps(cmd: list[str], home: Path, out: Path) -> dict[int, float]:
     timed([*cmd, "bench", "--concurrency", "1,16", "--max-tokens", "64", "--json", str(out)], home)
-    levels = json.loads(out.read_text())["levels"]
-    return {row["concurrency"]: row["targets"]["edgeinfer"]["warm"]["decode_tps"] for row in levels}
+    return warm_figure(json.loads(out.read_text()), "edgeinfer")
 
 
 def main(argv: list[str] | None = None) -> int:

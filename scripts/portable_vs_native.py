@@ -20,6 +20,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from edgeinfer.bench.results import warm_figure
+
 LEVELS = (1, 16)
 
 
@@ -30,8 +32,7 @@ def bench(lib: Path | None, out: Path, max_tokens: int) -> dict[int, float]:
     cmd = [sys.executable, "-m", "edgeinfer.cli", "bench", "--concurrency", ",".join(map(str, LEVELS))]
     cmd += ["--max-tokens", str(max_tokens), "--json", str(out)]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
-    rows = json.loads(out.read_text())["levels"]
-    return {row["concurrency"]: row["targets"]["edgeinfer"]["warm"]["decode_tps"] for row in rows}
+    return warm_figure(json.loads(out.read_text()), "edgeinfer")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeinfer.engine.stats import EngineStats, StreamRow
+from edgeinfer.engine.stats import DeviceStats, EngineStats, StreamRow
 
 DASH = "—"  # a figure with no value yet (no request has finished, no speculation configured)
 
@@ -59,7 +59,16 @@ def model_lines(snap: EngineStats) -> list[str]:
         f"{m.quantization} · {fmt_count(m.n_params)} params · {m.architecture}",
         f"context {m.ctx_size} cells · KV {m.kv_type}",
         f"parallel {m.parallel} · GPU layers {'all' if m.gpu_layers < 0 else m.gpu_layers}",
+        *([device_split(m.devices)] if m.devices else []),
     ]
+
+
+def device_split(devices: list[DeviceStats]) -> str:
+    """A model split over RPC workers: 'layers: CPU 10 (34 MiB) · RPC0 127.0.0.1:50052 11 (35 MiB)'."""
+    return "layers: " + " · ".join(
+        f"{d.device}{'' if d.where == 'local' else ' ' + d.where} {d.layers} ({fmt_bytes(d.weight_bytes)})"
+        for d in devices
+    )
 
 
 def fmt_bytes(n: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgeinfer.engine.metrics import percentile
 
@@ -110,3 +111,8 @@ def _round(x: float | None) -> float | None:
 def best(current: RunResult | None, new: RunResult, key: str = "total_tps") -> RunResult:
     """The better of two runs by a figure (best of the repeats)."""
     return new if current is None or getattr(new, key) > getattr(current, key) else current
+
+
+def warm_figure(report: dict[str, Any], target: str, key: str = "decode_tps") -> dict[int, float]:
+    """From a `bench --json` report: one warm-run figure of one target, by concurrency (scripts compare these)."""
+    return {row["concurrency"]: row["targets"][target]["warm"][key] for row in report["levels"]}

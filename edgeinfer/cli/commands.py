@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import click
 
 from edgeinfer.bench.options import BenchOptions
 from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
+from edgeinfer.cli.worker import worker
 from edgeinfer.errors import ConfigError, EdgeInferError
 from edgeinfer.events import Finish
 from edgeinfer.options import MAX_GRAMMAR_CHARS, EngineConfig, Grammar
@@ -30,9 +33,23 @@ def errors_as_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except EdgeInferError as e:
+            _exit_if_wedged(f"edgeinfer: error: {e}")
             raise click.ClickException(str(e)) from None
+        finally:
+            _exit_if_wedged()
 
     return wrapper
+
+
+def _exit_if_wedged(message: str | None = None) -> None:
+    """After llama.cpp aborted (a worker stopped answering) a thread of it is parked for good, and its
+    clean-up at exit could wait on that thread: leave at once, with the message."""
+    ggml = sys.modules.get("edgeinfer.llamacpp.ggml")
+    if ggml is not None and ggml.wedged():
+        if message:
+            print(message, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -333,13 +350,18 @@ def top(socket_path: str | None, api_key: str | None, interval: float) -> None:
 
 
 @main.group(invoke_without_command=True)
+@click.option("--rpc", default=None, help="Show how --model's layers split over this machine and these workers.")
+@click.option("--model", "-m", default=None, help="With --rpc: the model [default model].")
+@click.option("--tensor-split", default=None, help="With --rpc: shares, this machine first (as serve's).")
 @click.pass_context
 @errors_as_messages
-def models(ctx: click.Context) -> None:
-    """List the model catalog and the model files present."""
-    if ctx.invoked_subcommand is None:
-        from edgeinfer.models.listing import list_models
+def models(ctx: click.Context, rpc: str | None, model: str | None, tensor_split: str | None) -> None:
+    """List the model catalog and the model files present; with --rpc, a model's split over workers."""
+    from edgeinfer.models.listing import list_models, show_split
 
+    if rpc is not None:
+        show_split(EngineConfig(model=model, rpc=rpc, tensor_split=tensor_split))
+    elif ctx.invoked_subcommand is None:
         list_models()
 
 
@@ -368,3 +390,6 @@ def models_quantize(src: str, dst: str, qtype: str, force: bool) -> None:
     click.echo(f"quantizing {source} to {qtype.upper()} -> {dst}", err=True)
     quantize(source, Path(dst).expanduser(), qtype, overwrite=force)
     click.echo(f"wrote {dst}")
+
+
+main.add_command(worker)

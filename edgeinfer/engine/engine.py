@@ -15,13 +15,13 @@ One step, and the layer that owns each part:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from edgeinfer.engine import faults
 from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
 from edgeinfer.engine.grammar import Grammars, next_tokens
 from edgeinfer.engine.kvcache import ContextKv, make_store
@@ -32,10 +32,10 @@ from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput,
 from edgeinfer.engine.stats import EngineStats, build_stats
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
-from edgeinfer.errors import EdgeInferError, EngineClosedError, EngineFailedError
+from edgeinfer.errors import EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
-from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
-from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
+from edgeinfer.options import EngineConfig, SamplingParams, parse_shares
 from edgeinfer.speculative.speculator import Speculator
 
 
@@ -50,7 +50,8 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_path = config.model
-        self.model = Model(config.model, gpu_layers=config.gpu_layers)
+        shares = parse_shares(config.tensor_split) if config.tensor_split else None
+        self.model = Model(config.model, gpu_layers=config.gpu_layers, rpc=config.rpc, tensor_split=shares)
         ctx_params = ContextParams(
             n_ctx=config.ctx_size,
             n_batch=config.batch_size,
@@ -98,6 +99,7 @@ class Engine:
         self._closing = False
         self.fatal_error: str | None = None  # why the engine thread stopped, if it did
         self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
+        self._unhook = on_abort(lambda reason: faults.aborted(self, reason)) if self.model.placement else None
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
 
@@ -131,6 +133,8 @@ class Engine:
         max_new = check_request(tokens, n, params, self)
         guides = self.grammars.guides(self.grammars.compile(params.grammar), n) if params.grammar else [None] * n
         t_submit = time.perf_counter()
+        if self.fatal_error is not None:
+            raise EngineFailedError(f"the engine stopped ({self.fatal_error}); restart it")
         with self._lock:
             if self.fatal_error is not None:
                 raise EngineFailedError(f"the engine stopped ({self.fatal_error}); restart it")
@@ -159,6 +163,8 @@ class Engine:
         return self.submit(prompt, params)[0].result()
 
     def cancel(self, handle: StreamHandle) -> None:
+        if self.fatal_error is not None:  # every stream has ended; the engine thread may hold the lock for good
+            return
         with self._lock:
             live = self.delivery.live.get(handle.id)
             if live is not None and not live.stream.status.finished:
@@ -206,6 +212,8 @@ class Engine:
 
     def close(self) -> None:
         """Cancel everything, stop the engine thread and free llama.cpp's memory."""
+        if wedged():  # a llama.cpp call aborted and its thread is parked: touch nothing, the process exits
+            return
         with self._lock:
             if self._closing:
                 return
@@ -244,7 +252,7 @@ class Engine:
             while self._iterate():
                 pass
         except BaseException as e:
-            self._die(e)
+            faults.die(self, e)
 
     def _iterate(self) -> bool:
         """One pass of the engine thread: wait for work, draft, plan, decode. False once closed."""
@@ -277,28 +285,12 @@ class Engine:
             try:
                 n_emitted = self._step(plan)
             except BaseException as e:
-                self._fail_all(e)
+                faults.fail_all(self, e)
                 continue
             if self.spec is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
                 # A decode-only step: its whole time, drafting included, against what it emitted.
                 drafted = any(it.n_draft for it in plan.items)
                 self.spec.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
-
-    def _die(self, error: BaseException) -> None:
-        """The engine thread cannot go on: every request ends with the reason, and new ones are refused."""
-        reason = f"{type(error).__name__}: {error}" if not isinstance(error, EdgeInferError) else str(error)
-        with self._lock:
-            self.fatal_error = reason
-            self._closing = True
-            for live in list(self.delivery.live.values()):
-                live.stream.status = Status.ERROR
-                with contextlib.suppress(Exception):
-                    self.delivery.finish(live.stream, error=f"the engine stopped ({reason}); restart it")
-            for _, fut in self._exclusive:
-                fut.set_exception(EngineFailedError(f"the engine stopped: {reason}"))
-            self._exclusive.clear()
-        with contextlib.suppress(Exception):
-            self.delivery.outbox.flush()
 
     def _propose(self) -> dict[int, list[int]]:
         if self.spec is None or not self.spec_enabled:
@@ -306,7 +298,7 @@ class Engine:
         try:
             return self.spec.propose(self.sched.running, self.ctx.n_batch)
         except BaseException as e:
-            self._drafter_failed(e)
+            faults.drafter_failed(self, e)
             return {}
 
     def _step(self, plan: StepPlan) -> int:
@@ -323,7 +315,7 @@ class Engine:
             rows.append(batch.add(it.stream.seq, it.tokens, it.pos0, bool(it.samplers), 0 if it.n_draft else -1))
         t0 = time.perf_counter()
         if not self.ctx.decode(batch):
-            self._kv_full(plan)
+            faults.kv_full(self, plan)
             return 0
         t1 = time.perf_counter()
         if self.spec is not None:
@@ -371,30 +363,3 @@ class Engine:
             drafted, accepted = self.spec.drafted_for(s.id)
             self.spec.detach(s)
         self.delivery.finish(s, drafted, accepted, error)
-
-    def _drafter_failed(self, error: BaseException) -> None:
-        """Drafting broke (e.g. the draft context is full): go on without speculation."""
-        with self._lock:  # submit() and the Finish path read self.spec under the lock
-            spec, self.spec = self.spec, None
-            self.spec_error = str(error)
-        if spec is not None:
-            spec.close()
-
-    def _kv_full(self, plan: StepPlan) -> None:
-        """llama.cpp found no room for the batch: nothing of it entered the KV cache. The youngest stream is
-        preempted (its KV saved, its text kept) and resumes once another ends; alone, it cannot go on."""
-        with self._lock:
-            youngest = max((it.stream for it in plan.items), key=lambda s: s.id)
-            if len(self.sched.running) > 1:
-                self.sched.preempt(youngest)
-            else:
-                self.sched.finish(youngest, Status.ERROR)
-                self._finish_event(youngest, "the KV cache has no room for this stream; raise --ctx-size")
-
-    def _fail_all(self, error: BaseException) -> None:
-        """A step failed: end every running stream with the error; the engine keeps serving."""
-        message = str(error) if isinstance(error, EdgeInferError) else f"internal error: {error!r}"
-        with self._lock:
-            for s in list(self.sched.running):
-                self.sched.finish(s, Status.ERROR)
-                self._finish_event(s, message)

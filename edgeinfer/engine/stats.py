@@ -20,6 +20,15 @@ class _Stats(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class DeviceStats(_Stats):
+    """One device of a model split over this machine and RPC workers."""
+
+    device: str  # "CPU" (this machine), a local GPU, "RPC0"...
+    where: str  # "local" or the worker's HOST:PORT
+    layers: int
+    weight_bytes: int
+
+
 class ModelStats(_Stats):
     name: str = ""
     path: str = ""
@@ -30,6 +39,7 @@ class ModelStats(_Stats):
     parallel: int = 0
     gpu_layers: int = 0
     kv_type: str = "?"
+    devices: list[DeviceStats] = []  # with --rpc: which device holds how many layers
 
 
 class RequestStats(_Stats):
@@ -225,6 +235,10 @@ def build_stats(engine: Any) -> EngineStats:
             parallel=config.parallel,
             gpu_layers=config.gpu_layers,
             kv_type=config.kv_type,
+            devices=[
+                DeviceStats(device=d.device, where=d.where, layers=d.layers, weight_bytes=d.weight_bytes)
+                for d in (engine.model.placement.shares if engine.model.placement else [])
+            ],
         ),
         requests=RequestStats(
             running=len(sched.running), waiting=sched.n_waiting, total=m.requests, finished=dict(m.finished)

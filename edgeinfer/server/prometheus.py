@@ -77,6 +77,15 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily(
                 "edgeinfer_prefix_hit_rate", "Share of prompt tokens from cache.", value=pc.hit_rate
             )
+        if snap.model.devices:
+            where = ["device", "where"]
+            layers = GaugeMetricFamily("edgeinfer_device_layers", "Model layers per device.", labels=where)
+            weights = GaugeMetricFamily("edgeinfer_device_weight_bytes", "Model weight bytes per device.", labels=where)
+            for d in snap.model.devices:
+                layers.add_metric([d.device, d.where], d.layers)
+                weights.add_metric([d.device, d.where], d.weight_bytes)
+            yield layers
+            yield weights
         yield GaugeMetricFamily("edgeinfer_kv_cells_used", "KV cells reserved or kept.", value=kv.used_cells)
         yield GaugeMetricFamily("edgeinfer_kv_cells_total", "KV cells in the context.", value=kv.total_cells)
         yield GaugeMetricFamily("edgeinfer_kv_usage_ratio", "Share of KV cells in use.", value=kv.usage)

@@ -1,8 +1,8 @@
-"""The one module that talks to llama.cpp.
+"""llama.cpp's model, context, batch, sampler and vocabulary.
 
 Every llama.cpp handle (model, context, batch, sampler) is owned by one Python object
 that frees it in close(). Failures become edgeinfer errors. Only Python ints, bytes,
-lists and numpy arrays cross this boundary; no other module imports llama_cpp.
+lists and numpy arrays cross this boundary; outside edgeinfer.llamacpp no module imports llama_cpp.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import llama_cpp as C
 import numpy as np
 
 from edgeinfer.errors import ConfigError, DecodeError, EngineClosedError, ModelLoadError
+from edgeinfer.llamacpp import ggml
 from edgeinfer.models.gguf import read_gguf
 from edgeinfer.options import ContextParams
 
@@ -34,14 +35,9 @@ def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int) -> str:
     """--flash-attn auto: "off" on the CPU (llama.cpp's auto turns it on there, and its CPU kernel
     halves decode speed at ~1,000-token contexts: scripts/flash_attn.py); llama.cpp's choice on a
     GPU, or with a quantized KV cache, which needs it."""
-    on_gpu = gpu_layers != 0 and C.llama_supports_gpu_offload()
+    on_gpu = gpu_layers != 0 and ggml.has_gpu()
     return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
 
-
-QUANT_TYPES = {"F32": C.LLAMA_FTYPE_ALL_F32} | {
-    name: getattr(C, f"LLAMA_FTYPE_MOSTLY_{name}")
-    for name in ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K")
-}
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -54,7 +50,7 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         os.write(2, text)
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
     global _initialised
     with _init_lock:
         if not _initialised:
@@ -64,7 +60,7 @@ def _init_backend() -> None:
             # GPU backend) keeps them beside libllama: load the best for this machine before a model.
             lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(C.__file__).parent / "lib")
             if any(lib.glob("libggml-cpu-*.so")):  # through libllama's own libggml: dlsym searches its needs
-                C.llama_cpp._lib.ggml_backend_load_all_from_path(str(lib).encode())
+                ggml.lib().ggml_backend_load_all_from_path(str(lib).encode())
             _initialised = True
 
 
@@ -124,13 +120,22 @@ class Vocab:
 class Model:
     """A loaded GGUF model. Validates the file in Python before llama.cpp opens it."""
 
-    def __init__(self, path: str | Path, gpu_layers: int = 0, use_mmap: bool = True) -> None:
-        _init_backend()
+    def __init__(self, path: str | Path, gpu_layers: int = 0, use_mmap: bool = True, rpc: str | None = None,
+                 tensor_split: list[float] | None = None) -> None:  # fmt: skip
+        init_backend()
         self.path = Path(path).expanduser()
         self.info = read_gguf(self.path)
         params = C.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         params.use_mmap = use_mmap
+        self.placement: Any = None  # with workers: which device holds which layers (rpc.Placement)
+        if rpc:
+            from edgeinfer.llamacpp.rpc import place
+            from edgeinfer.options import parse_endpoints
+
+            self.placement = place(parse_endpoints(rpc), self.info, tensor_split)
+            self.placement.apply(params)
+            gpu_layers = self.placement.n_gpu_layers
         self._h = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._h:
             raise ModelLoadError(
@@ -183,7 +188,8 @@ class Context:
         self.flash_attn = resolve_flash_attn(p.flash_attn, p.kv_type, model.gpu_layers)
         # A row's logits do not depend on what else its batch holds: measured on the CPU with flash
         # attention on; off, rows round apart by batch shape; on a GPU not checked, so not counted on.
-        self.batch_invariant = self.flash_attn == "on" and not (model.gpu_layers and C.llama_supports_gpu_offload())
+        on_gpu = (model.gpu_layers and ggml.has_gpu()) or model.placement
+        self.batch_invariant = self.flash_attn == "on" and not on_gpu
         params.flash_attn_type = FLASH_ATTN[self.flash_attn]
         params.type_k = KV_TYPES[p.kv_type]
         params.type_v = KV_TYPES[p.kv_type]
@@ -378,23 +384,3 @@ class Sampler:
         if self._h:
             C.llama_sampler_free(self._h)
             self._h = None
-
-
-def quantize(src: str | Path, dst: str | Path, qtype: str, threads: int = 0, overwrite: bool = False) -> None:
-    """Write a copy of a GGUF model at another precision (llama_model_quantize); DST is checked first."""
-    from edgeinfer.models.catalog import check_copy_target
-
-    read_gguf(src)
-    check_copy_target(Path(src), Path(dst), overwrite)
-    _init_backend()
-    key = qtype.upper()
-    if key not in QUANT_TYPES:
-        raise ConfigError(f"quantization type {qtype!r} is not one of {', '.join(QUANT_TYPES)}")
-    params = C.llama_model_quantize_default_params()
-    params.ftype = QUANT_TYPES[key]
-    params.nthread = threads
-    # A quantized source is allowed: a Q4_1 file can be widened to F16 (a speculation target).
-    params.allow_requantize = True
-    rc = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise ModelLoadError(f"quantizing {src} to {key} failed (code {rc}); is {dst} writable?")

@@ -1,0 +1,131 @@
+"""ggml's backend registry and abort hook, through libllama's own handle (ctypes).
+
+llama-cpp-python binds llama.cpp's API but not ggml's device registry, which the RPC
+backend needs (find the `RPC` backend, add a worker, list devices), nor ggml's abort
+callback. Symbols are found through libllama, whose dependencies (libggml,
+libggml-base) dlsym searches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import llama_cpp as C
+
+DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
+
+_vp, _sz, _s = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "ggml_backend_load_all_from_path": (None, [_s]),
+    "ggml_backend_reg_by_name": (_vp, [_s]),
+    "ggml_backend_reg_get_proc_address": (_vp, [_vp, _s]),
+    "ggml_backend_reg_dev_count": (_sz, [_vp]),
+    "ggml_backend_reg_dev_get": (_vp, [_vp, _sz]),
+    "ggml_backend_dev_count": (_sz, []),
+    "ggml_backend_dev_get": (_vp, [_sz]),
+    "ggml_backend_dev_by_type": (_vp, [ctypes.c_int]),
+    "ggml_backend_dev_type": (ctypes.c_int, [_vp]),
+    "ggml_backend_dev_name": (_s, [_vp]),
+    "ggml_backend_dev_description": (_s, [_vp]),
+    "ggml_backend_dev_memory": (None, [_vp, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
+}
+_lib_cache: Any = None
+
+
+def lib() -> Any:
+    """libllama with the ggml functions edgeinfer calls declared (argument and result types)."""
+    global _lib_cache
+    if _lib_cache is None:
+        handle = C.llama_cpp._lib
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+        _lib_cache = handle
+    return _lib_cache
+
+
+def device_name(dev: int) -> str:
+    return (lib().ggml_backend_dev_name(dev) or b"?").decode()
+
+
+def device_memory(dev: int) -> tuple[int, int]:
+    """(free, total) bytes a device reports (a worker's device asks the worker)."""
+    free, total = _sz(0), _sz(0)
+    lib().ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def cpu_device() -> int:
+    return int(lib().ggml_backend_dev_by_type(DEVICE_CPU))
+
+
+def local_gpus() -> list[int]:
+    """This machine's GPU devices (workers' devices are not registered, so never among them)."""
+    devs = (lib().ggml_backend_dev_get(i) for i in range(lib().ggml_backend_dev_count()))
+    return [d for d in devs if lib().ggml_backend_dev_type(d) in (DEVICE_GPU, DEVICE_IGPU)]
+
+
+def has_gpu() -> bool:
+    """A local GPU backend is loaded. (llama_supports_gpu_offload is also true for any RPC-capable build.)"""
+    return bool(local_gpus())
+
+
+# --- aborts ---------------------------------------------------------------
+# ggml ends the process with abort() on errors it cannot return, among them a worker that stops
+# answering. Its abort callback runs first, on the thread that failed: edgeinfer's hook tells the
+# engines that use workers (their requests end with the reason, /health turns 503) and then parks
+# that thread for good, so the process lives on to answer and shut down; with no engine to tell
+# (a model still loading) it prints the reason on one line and exits.
+
+_ABORT_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_abort_handlers: list[Callable[[str], None]] = []
+_abort_lock = threading.Lock()
+_parked = threading.Event()  # set once a thread is parked: the llama.cpp state is no longer usable
+
+
+@_ABORT_FN
+def _on_abort(message: bytes | None) -> None:
+    text = (message or b"ggml abort").decode("utf-8", "replace").strip()
+    reason = text.rsplit(": ", 1)[-1] if ": " in text else text  # drop ggml's "file.cpp:123: "
+    _parked.set()
+    with _abort_lock:
+        handlers = list(_abort_handlers)
+    if not handlers:
+        sys.stderr.write(f"edgeinfer: error: llama.cpp stopped: {reason}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    for handler in handlers:
+        try:
+            handler(reason)
+        except Exception as e:
+            sys.stderr.write(f"edgeinfer: error while reporting a llama.cpp abort: {e!r}\n")
+    threading.Event().wait()  # park: returning would abort()
+
+
+def install_abort_hook() -> None:
+    C.llama_cpp._lib.ggml_set_abort_callback.argtypes = [_ABORT_FN]
+    C.llama_cpp._lib.ggml_set_abort_callback.restype = _vp
+    C.llama_cpp._lib.ggml_set_abort_callback(_on_abort)
+
+
+def on_abort(handler: Callable[[str], None]) -> Callable[[], None]:
+    """Call handler(reason) when llama.cpp aborts; returns the function that removes it."""
+    with _abort_lock:
+        _abort_handlers.append(handler)
+
+    def remove() -> None:
+        with _abort_lock:
+            if handler in _abort_handlers:
+                _abort_handlers.remove(handler)
+
+    return remove
+
+
+def wedged() -> bool:
+    """A llama.cpp call aborted and its thread is parked: do not free or join anything, just exit."""
+    return _parked.is_set()
