@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
                 wait_for(f"worker {p}", lambda p=p: worker_ready(p), procs[-1])
+            idle = ", ".join(f"worker {i + 1} {rss_mib(p.pid):.0f} MiB" for i, p in enumerate(procs))
+            print(f"resident memory, workers before any client: {idle}")
             rpc = ",".join(f"127.0.0.1:{p}" for p in ports)
             split = ["--tensor-split", args.tensor_split] if args.tensor_split else []
             print(subprocess.run([*CLI, "models", "--rpc", rpc, *split], capture_output=True, text=True).stdout)
@@ -119,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resident memory, after the benchmark: {memory(names, procs)}")
             print(f"\n{'streams':>7}  {'':16} {'aggregate tok/s':>16} {'decode tok/s':>13}")
             for name, sock in socks.items():
-                total = warm_figure(report, str(sock), "total_tps")
+                total = warm_figure(report, str(sock), "aggregate_tps")
                 decode = warm_figure(report, str(sock), "decode_tps")
                 for c in sorted(total):
                     print(f"{c:>7}  {name:16} {total[c]:>16.1f} {decode[c]:>13.1f}")
             for c in sorted(total):
-                t_rpc = warm_figure(report, str(socks["with 2 workers"]), "total_tps")[c]
-                t_loc = warm_figure(report, str(socks["local only"]), "total_tps")[c]
+                t_rpc = warm_figure(report, str(socks["with 2 workers"]), "aggregate_tps")[c]
+                t_loc = warm_figure(report, str(socks["local only"]), "aggregate_tps")[c]
                 print(f"{c} streams: with workers / local only = {t_rpc / t_loc:.2f}x")
     finally:
         for p in reversed(procs):

@@ -226,3 +226,16 @@ def test_a_worker_killed_mid_stream_fails_the_stream_and_the_server_exits_with_t
         for w in workers:
             w.kill()
             w.wait()
+
+
+def test_the_dashboard_shows_the_split():
+    from edgeinfer.engine.stats import DeviceStats, EngineStats, ModelStats
+    from edgeinfer.tui.figures import model_lines
+
+    devices = [
+        DeviceStats(device="CPU", where="local", layers=10, weight_bytes=50 << 20),
+        DeviceStats(device="RPC0", where="127.0.0.1:50052", layers=21, weight_bytes=70 << 20),
+    ]
+    lines = model_lines(EngineStats(model=ModelStats(name="m", devices=devices)))
+    assert lines[-1] == "layers: CPU 10 (50 MiB) · RPC0 127.0.0.1:50052 21 (70 MiB)"
+    assert not any(ln.startswith("layers:") for ln in model_lines(EngineStats(model=ModelStats(name="m"))))
