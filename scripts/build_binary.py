@@ -63,6 +63,12 @@ def freeze() -> Path:
     entry = BUILD / "entry.py"
     site = BUILD / "site"  # edgeinfer installed as a plain package (the virtualenv's is editable)
     shutil.rmtree(site, ignore_errors=True)
+    # setuptools builds the wheel through build/lib and never removes what it put there: a module
+    # that became a package (edgeinfer/llamacpp.py) would shadow the new one in the binary.
+    for stale in (ROOT / "build").glob("lib*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in (ROOT / "build").glob("bdist*"):
+        shutil.rmtree(stale, ignore_errors=True)
     BUILD.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
     subprocess.run([*pip, str(ROOT)], check=True)

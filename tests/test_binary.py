@@ -155,3 +155,38 @@ def test_an_unwritable_cache_is_a_clear_error(home, tmp_path):
     r = run(home, "--version", XDG_CACHE_HOME=str(blocked))
     assert r.returncode != 0
     assert "XDG_CACHE_HOME" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_worker_from_the_binary_serves_a_model_split(home):
+    """`worker` and --rpc from the binary (ggml's RPC backend is one of its libraries)."""
+    from edgeinfer.llamacpp.rpc import probe
+
+    from .test_rpc import free_port
+
+    port = free_port()
+    worker = subprocess.Popen(
+        [str(BINARY), "worker", "--port", str(port), "--threads", "1"],
+        env=bare_env(home),
+        cwd=home,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+            try:
+                probe("127.0.0.1", port, timeout=2)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the worker did not answer in 60 s"
+                time.sleep(0.2)
+        args = ["generate", "--temperature", "0", "--max-tokens", "24", "--flash-attn", "off", PROMPT]
+        split = run(home, *args, "--rpc", f"127.0.0.1:{port}", "--tensor-split", "1,1")
+        alone = run(home, *args)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert split.returncode == 0, split.stderr
+    assert split.stdout == alone.stdout and split.stdout.strip()

@@ -64,3 +64,18 @@ def test_every_engine_option_is_a_flag_and_a_settings_key_from_one_declaration()
         wire = request.model_json_schema()["properties"]
         for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop"):
             assert wire[name] == engine_side[name], f"{request.__name__}.{name}"
+
+
+def test_every_package_is_in_the_distribution():
+    """Defect: edgeinfer/llamacpp/ was missing from pyproject's package list, so the one-file binary
+    (built from a plain install) had no llama.cpp wrapper at all."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        "edgeinfer." + ".".join(p.parent.relative_to(ROOT / "edgeinfer").parts)
+        for p in (ROOT / "edgeinfer").rglob("__init__.py")
+    }
+    found = {name.rstrip(".") for name in found}
+    found |= {"edgeinfer.models", "edgeinfer.tui"}  # installed from models/ and tui/
+    assert found <= listed, f"add to pyproject's [tool.setuptools] packages: {sorted(found - listed)}"
