@@ -190,3 +190,97 @@ def test_a_worker_from_the_binary_serves_a_model_split(home):
         worker.wait()
     assert split.returncode == 0, split.stderr
     assert split.stdout == alone.stdout and split.stdout.strip()
+
+
+class Terminal:
+    """A program on a pseudo-terminal of 120x40, as a person at a terminal runs it."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.fd, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        self.proc = subprocess.Popen(
+            args, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+        )
+        os.close(slave)
+        self.seen = ""
+
+    def expect(self, text: str, timeout: float = 120) -> None:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{text!r} not shown in {timeout:.0f} s; the screen so far ends: {self.seen[-600:]!r}"
+            if select.select([self.fd], [], [], min(left, 0.5))[0]:
+                try:
+                    self.seen += os.read(self.fd, 65536).decode("utf-8", "replace")
+                except OSError:  # the program closed the terminal
+                    assert text in self.seen, f"{text!r} never shown: {self.seen[-600:]!r}"
+
+    def send(self, keys: str) -> None:
+        os.write(self.fd, keys.encode())
+
+    def close(self, timeout: float = 30) -> int:
+        """Wait for the program to exit, reading what it draws meanwhile (a full terminal would block it)."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        try:
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if select.select([self.fd], [], [], 0.2)[0]:
+                    try:
+                        self.seen += os.read(self.fd, 65536).decode("utf-8", "replace")
+                    except OSError:
+                        break
+            return self.proc.wait(max(deadline - time.monotonic(), 1))
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            os.close(self.fd)
+
+
+def test_chat_from_the_binary_in_a_terminal(home):
+    env = bare_env(home, TERM="xterm-256color")
+    term = Terminal([str(BINARY), "chat", "--temperature", "0", "--max-tokens", "12"], env, home)
+    term.expect("> ")
+    term.send("Name a river.\r")
+    term.expect("tok/s")
+    term.send("/exit\r")
+    assert term.close() == 0
+
+
+def test_top_from_the_binary_in_a_terminal(home, tmp_path):
+    sock = tmp_path / "s.sock"
+    env = bare_env(home, TERM="xterm-256color")
+    server = subprocess.Popen(
+        [str(BINARY), "serve", "--socket", str(sock), "--parallel", "2"],
+        env=env,
+        cwd=home,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=60)
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            try:
+                if http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the binary's server did not become healthy"
+            time.sleep(0.2)
+        term = Terminal([str(BINARY), "top", "--socket", str(sock)], env, home)
+        term.expect("135M params")  # the model panel, drawn from the server's stats feed
+        term.send("q")
+        assert term.close() == 0
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
