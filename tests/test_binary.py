@@ -247,11 +247,14 @@ class Terminal:
 def test_chat_from_the_binary_in_a_terminal(home):
     env = bare_env(home, TERM="xterm-256color")
     term = Terminal([str(BINARY), "chat", "--temperature", "0", "--max-tokens", "12"], env, home)
-    term.expect("> ")
-    term.send("Name a river.\r")
-    term.expect("tok/s")
-    term.send("/exit\r")
-    assert term.close() == 0
+    try:
+        term.expect("> ")
+        term.send("Name a river.\r")
+        term.expect("tok/s")
+        term.send("/exit\r")
+    finally:
+        rc = term.close()
+    assert rc == 0
 
 
 def test_top_from_the_binary_in_a_terminal(home, tmp_path):
@@ -278,9 +281,12 @@ def test_top_from_the_binary_in_a_terminal(home, tmp_path):
             assert time.monotonic() < deadline, "the binary's server did not become healthy"
             time.sleep(0.2)
         term = Terminal([str(BINARY), "top", "--socket", str(sock)], env, home)
-        term.expect("135M params")  # the model panel, drawn from the server's stats feed
-        term.send("q")
-        assert term.close() == 0
+        try:
+            term.expect("135M params")  # the model panel, drawn from the server's stats feed
+            term.send("q")
+        finally:
+            rc = term.close()
+        assert rc == 0
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
