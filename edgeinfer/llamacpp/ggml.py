@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -91,7 +92,7 @@ _parked = threading.Event()  # set once a thread is parked: the llama.cpp state 
 @_ABORT_FN
 def _on_abort(message: bytes | None) -> None:
     text = (message or b"ggml abort").decode("utf-8", "replace").strip()
-    reason = text.rsplit(": ", 1)[-1] if ": " in text else text  # drop ggml's "file.cpp:123: "
+    reason = re.sub(r"^\S+:\d+: ", "", text)  # drop ggml's "path/file.cpp:123: "
     _parked.set()
     with _abort_lock:
         handlers = list(_abort_handlers)
