@@ -214,6 +214,8 @@ class Engine:
         """Cancel everything, stop the engine thread and free llama.cpp's memory."""
         if wedged():  # a llama.cpp call aborted and its thread is parked: touch nothing, the process exits
             return
+        if self._unhook is not None:
+            self._unhook()
         with self._lock:
             if self._closing:
                 return
