@@ -87,6 +87,21 @@ def test_models_names_the_built_in_model(home):
     assert f"present: {unpacked(home)}" in r.stdout
 
 
+def healthy_client(proc: subprocess.Popen, sock: Path) -> httpx.Client:
+    """A client of the binary's server on sock, once GET /health answers 200 (within 120 s)."""
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120)
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
+        try:
+            if client.get("/health").status_code == 200:
+                return client
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
 def test_serve_answers_on_its_socket(home):
     sock = home / "s.sock"
     proc = subprocess.Popen(
@@ -97,16 +112,7 @@ def test_serve_answers_on_its_socket(home):
         text=True,
     )
     try:
-        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120)
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
-            try:
-                if client.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        client = healthy_client(proc, sock)
         body = {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
         r = client.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
@@ -269,17 +275,7 @@ def test_top_from_the_binary_in_a_terminal(home, tmp_path):
         text=True,
     )
     try:
-        http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=60)
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stderr.read() if server.stderr else ""
-            try:
-                if http.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the binary's server did not become healthy"
-            time.sleep(0.2)
+        healthy_client(server, sock)
         term = Terminal([str(BINARY), "top", "--socket", str(sock)], env, home)
         try:
             term.expect("135M params")  # the model panel, drawn from the server's stats feed

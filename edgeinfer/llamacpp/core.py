@@ -64,6 +64,10 @@ def init_backend() -> None:
             _initialised = True
 
 
+def max_devices_supported() -> int:
+    return int(C.llama_max_devices())
+
+
 class Vocab:
     """Tokenizer of a loaded model: text <-> token ids, end-of-generation tests."""
 

@@ -18,11 +18,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import llama_cpp as C
-
 from edgeinfer.errors import ConfigError
 from edgeinfer.llamacpp import ggml
-from edgeinfer.llamacpp.core import init_backend
+from edgeinfer.llamacpp.core import init_backend, max_devices_supported
 from edgeinfer.models.gguf import GGUFInfo
 from edgeinfer.options import parse_shares
 
@@ -143,7 +141,7 @@ def place_for(config: Any, info: GGUFInfo) -> Placement:
 def place(endpoints: list[tuple[str, int]], info: GGUFInfo, shares: list[float] | None) -> Placement:
     """Add the workers as devices and split the model's layers: this machine's CPU first, then its GPUs, then
     the workers' devices, by `shares` or by each one's free memory (llama.cpp's own layer assignment)."""
-    max_devices = C.llama_max_devices()
+    max_devices = max_devices_supported()
     for host, port in endpoints:
         probe(host, port)
     ggml.install_abort_hook()
