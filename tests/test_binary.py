@@ -6,8 +6,10 @@ PATH, a temporary HOME), from another directory.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +53,9 @@ def bare_env(home: Path, **env: str) -> dict[str, str]:
 
 
 def unpacked(home: Path) -> Path:
-    [folder] = (home / ".cache" / "edgeinfer" / "app").iterdir()
+    """The binary's own unpacked build (test_serve adds old ones beside it)."""
+    apps = home / ".cache" / "edgeinfer" / "app"
+    [folder] = [p for p in apps.iterdir() if not p.name.startswith(("0000", "1111"))]
     return folder / "edgeinfer"
 
 
@@ -103,6 +107,15 @@ def healthy_client(proc: subprocess.Popen, sock: Path) -> httpx.Client:
 
 
 def test_serve_answers_on_its_socket(home):
+    """...and, started with old builds unpacked beside its own, removes the stale one nobody runs."""
+    apps = home / ".cache" / "edgeinfer" / "app"
+    stale, running = apps / "0000000000000000", apps / "1111111111111111"
+    for old in (stale, running):
+        (old / "edgeinfer").mkdir(parents=True, exist_ok=True)
+        (old / ".in-use").touch()
+        os.utime(old / ".in-use", (time.time() - 3 * 86400,) * 2)
+    held = os.open(running / ".in-use", os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)  # as a process of that build would
     sock = home / "s.sock"
     proc = subprocess.Popen(
         [str(BINARY), "serve", "--socket", str(sock), "--parallel", "2"],
@@ -117,9 +130,13 @@ def test_serve_answers_on_its_socket(home):
         r = client.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 8
+        assert not stale.exists() and running.exists()  # pruned by the time the server answers
+        own = unpacked(home).parent / ".in-use"
+        assert time.time() - own.stat().st_mtime < 600, "the running build's start was not marked"
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) in (0, -signal.SIGTERM)
+        os.close(held)
     assert not sock.exists()
 
 
@@ -161,6 +178,22 @@ def test_an_unwritable_cache_is_a_clear_error(home, tmp_path):
     r = run(home, "--version", XDG_CACHE_HOME=str(blocked))
     assert r.returncode != 0
     assert "XDG_CACHE_HOME" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_machine_without_gzip_is_told_what_to_install(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sh", "tail", "tar", "mkdir", "mktemp", "id", "rm", "mv"):  # all the launcher uses but gzip
+        where = shutil.which(tool)
+        assert where, tool
+        (tools / tool).symlink_to(where)
+    fresh = tmp_path / "home"
+    fresh.mkdir()
+    r = subprocess.run(
+        [str(BINARY), "--version"], env={"HOME": str(fresh), "PATH": str(tools)}, capture_output=True, text=True
+    )
+    assert r.returncode != 0 and "needs gzip" in r.stderr
+    assert list((fresh / ".cache" / "edgeinfer" / "app").iterdir()) == []  # no half-unpacked folder left
 
 
 def test_a_worker_from_the_binary_serves_a_model_split(home):
