@@ -1,5 +1,6 @@
 """The one package that talks to llama.cpp: `core` (model, context, batch, sampler, vocab) and `rpc`
-(ggml's RPC backend: workers, remote devices, the layer split). No other module imports llama_cpp."""
+(ggml's RPC backend: workers, remote devices, the layer split). Only `core` imports llama_cpp;
+it hands libllama to `ggml`."""
 
 from edgeinfer.llamacpp.core import (
     DEFAULT_SEED,

@@ -21,6 +21,8 @@ from edgeinfer.llamacpp import ggml
 from edgeinfer.models.gguf import read_gguf
 from edgeinfer.options import ContextParams
 
+ggml.bind(C.llama_cpp._lib)
+
 DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
 
 KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}

@@ -16,8 +16,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import llama_cpp as C
-
 DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
 
 _vp, _sz, _s = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
@@ -38,15 +36,18 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 _lib_cache: Any = None
 
 
+def bind(handle: Any) -> None:
+    """Take libllama's ctypes handle (core.py, the one module that imports llama_cpp, hands it over)."""
+    global _lib_cache
+    for name, (res, args) in _SIGNATURES.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = res, args
+    _lib_cache = handle
+
+
 def lib() -> Any:
     """libllama with the ggml functions edgeinfer calls declared (argument and result types)."""
-    global _lib_cache
-    if _lib_cache is None:
-        handle = C.llama_cpp._lib
-        for name, (res, args) in _SIGNATURES.items():
-            fn = getattr(handle, name)
-            fn.restype, fn.argtypes = res, args
-        _lib_cache = handle
+    assert _lib_cache is not None, "edgeinfer.llamacpp.core binds the library on import"
     return _lib_cache
 
 
@@ -109,9 +110,9 @@ def _on_abort(message: bytes | None) -> None:
 
 
 def install_abort_hook() -> None:
-    C.llama_cpp._lib.ggml_set_abort_callback.argtypes = [_ABORT_FN]
-    C.llama_cpp._lib.ggml_set_abort_callback.restype = _vp
-    C.llama_cpp._lib.ggml_set_abort_callback(_on_abort)
+    fn = lib().ggml_set_abort_callback
+    fn.argtypes, fn.restype = [_ABORT_FN], _vp
+    fn(_on_abort)
 
 
 def on_abort(handler: Callable[[str], None]) -> Callable[[], None]:

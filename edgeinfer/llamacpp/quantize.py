@@ -5,10 +5,8 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-import llama_cpp as C
-
 from edgeinfer.errors import ConfigError, ModelLoadError
-from edgeinfer.llamacpp.core import init_backend
+from edgeinfer.llamacpp.core import C, init_backend
 from edgeinfer.models.gguf import read_gguf
 
 QUANT_TYPES = {"F32": C.LLAMA_FTYPE_ALL_F32} | {
