@@ -19,6 +19,7 @@ from typing import Any
 DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
 
 _vp, _sz, _s = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+_ABORT_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_load_all_from_path": (None, [_s]),
     "ggml_backend_reg_by_name": (_vp, [_s]),
@@ -32,6 +33,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_dev_name": (_s, [_vp]),
     "ggml_backend_dev_description": (_s, [_vp]),
     "ggml_backend_dev_memory": (None, [_vp, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),
+    "ggml_set_abort_callback": (_vp, [_ABORT_FN]),
 }
 _lib_cache: Any = None
 
@@ -84,7 +86,6 @@ def has_gpu() -> bool:
 # that thread for good, so the process lives on to answer and shut down; with no engine to tell
 # (a model still loading) it prints the reason on one line and exits.
 
-_ABORT_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 _abort_handlers: list[Callable[[str], None]] = []
 _abort_lock = threading.Lock()
 _parked = threading.Event()  # set once a thread is parked: the llama.cpp state is no longer usable
@@ -110,9 +111,7 @@ def _on_abort(message: bytes | None) -> None:
 
 
 def install_abort_hook() -> None:
-    fn = lib().ggml_set_abort_callback
-    fn.argtypes, fn.restype = [_ABORT_FN], _vp
-    fn(_on_abort)
+    lib().ggml_set_abort_callback(_on_abort)
 
 
 def on_abort(handler: Callable[[str], None]) -> Callable[[], None]:
