@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,17 @@ def test_a_worker_on_a_port_in_use_is_a_clear_error():
     assert "Traceback" not in out.stderr
 
 
+def test_a_worker_whose_listening_socket_closes_a_moment_after_the_failure_is_named_down():
+    from edgeinfer.llamacpp.rpc import workers_down
+
+    with socket.create_server(("127.0.0.1", 0)) as live, socket.create_server(("127.0.0.1", 0)) as dying:
+        ends = [("127.0.0.1", live.getsockname()[1]), ("127.0.0.1", dying.getsockname()[1])]
+        threading.Timer(0.3, dying.close).start()  # a killed process's sockets do not all close at once
+        said = workers_down(ends)
+        assert said.startswith(f"RPC worker 127.0.0.1:{ends[1][1]} is down") and f":{ends[0][1]} " not in said
+        assert workers_down(ends[:1], settle_s=0.2) == ""
+
+
 def test_a_missing_worker_at_start_is_one_line_naming_it(workers):
     ports, _ = workers
     gone = free_port()
@@ -209,7 +221,8 @@ def test_a_worker_killed_mid_stream_fails_the_stream_and_the_server_exits_with_t
         rc = proc.wait(60)
         err = proc.stderr.read()
         assert ended_s < 30
-        assert any("error" in ln and f"127.0.0.1:{ports[1]} is down" in ln for ln in events), events[-3:]
+        errors = [ln for ln in events if "error" in ln]
+        assert any(f"127.0.0.1:{ports[1]} is down" in ln for ln in errors), (errors, events[-3:], err[-2000:])
         assert rc != 0 and f"RPC worker 127.0.0.1:{ports[1]} is down" in err, err[-2000:]
         assert "Traceback" not in err
 

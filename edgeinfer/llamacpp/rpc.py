@@ -15,6 +15,7 @@ import ctypes
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,12 +192,20 @@ def _output_bytes(info: GGUFInfo) -> int:
     return out
 
 
-def workers_down(endpoints: list[tuple[str, int]]) -> str:
-    """After a failure: which workers no longer take connections, as the start of a message ('' if none)."""
-    down = []
-    for host, port in endpoints:
-        try:
-            socket.create_connection((host, port), timeout=1.0).close()
-        except OSError as e:
-            down.append(f"RPC worker {host}:{port} is down ({e.strerror or e})")
-    return "; ".join(down) + "; restart it, then edgeinfer. " if down else ""
+def workers_down(endpoints: list[tuple[str, int]], settle_s: float = 1.0) -> str:
+    """After a failure: which workers no longer take connections, as the start of a message ('' if none).
+
+    A killed worker's connection to us can break a moment before its listening socket closes, so
+    while every worker still answers this asks again for up to settle_s before saying none is down.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        down = []
+        for host, port in endpoints:
+            try:
+                socket.create_connection((host, port), timeout=1.0).close()
+            except OSError as e:
+                down.append(f"RPC worker {host}:{port} is down ({e.strerror or e})")
+        if down or not endpoints or time.monotonic() >= deadline:
+            return "; ".join(down) + "; restart it, then edgeinfer. " if down else ""
+        time.sleep(0.05)
