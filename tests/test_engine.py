@@ -51,6 +51,34 @@ def test_n_streams_sample_independently_at_temperature(engine):
     assert len(texts) > 1
 
 
+def test_greedy_reads_the_largest_logit_as_llama_cpps_own_greedy_chain_does(engine):
+    from edgeinfer.llamacpp import Batch, Sampler
+
+    prompts = [chat(engine, p) for p in PROMPTS[:4]]
+    n_vocab = engine.vocab.n_tokens
+    fast = Sampler(n_vocab, temperature=0.0)  # greedy alone: the row's argmax, read in Python
+    native = Sampler(n_vocab, temperature=0.0, logit_bias={0: 0.0})  # a no-op bias keeps llama.cpp's chain
+
+    def both(ctx):
+        batch = Batch(sum(len(p) for p in prompts))
+        try:
+            rows = [batch.add(seq, p, 0, True) for seq, p in enumerate(prompts)]
+            assert ctx.decode(batch)
+            return [(fast.sample(ctx, r), native.sample(ctx, r)) for r in rows]
+        finally:
+            for seq in range(len(prompts)):
+                ctx.seq_rm(seq)
+            batch.close()
+
+    try:
+        picks = engine.run_exclusive(both)
+    finally:
+        fast.close()
+        native.close()
+    fast_picks, native_picks = zip(*picks, strict=True)
+    assert fast_picks == native_picks and len(set(fast_picks)) > 1
+
+
 def test_seed_makes_sampling_reproducible(engine, model_path):
     """The same seeded request gives the same tokens when the cache is in the same state.
 

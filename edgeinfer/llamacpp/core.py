@@ -232,8 +232,17 @@ class Context:
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits row of output i of the last decode (float32, n_vocab)."""
+        return self._row(i).copy()
+
+    def argmax(self, i: int) -> int:
+        """The token with the largest logit in output row i of the last decode (the first, on a tie)."""
+        return int(self._row(i).argmax())
+
+    def _row(self, i: int) -> np.ndarray:
         ptr = C.llama_get_logits_ith(self._h, i)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        if not ptr:
+            raise DecodeError(f"the last decode has no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(C.llama_memory_seq_rm(self._mem, seq, p0, p1))
@@ -345,10 +354,15 @@ class Sampler:
         params.no_perf = True
         self._h = C.llama_sampler_chain_init(params)
         add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
+        penalized = repeat_penalty != 1.0 or frequency_penalty or presence_penalty
+        # A chain of greedy alone keeps no state and takes the largest logit, so sample() reads it
+        # from the row: llama_sampler_sample first copies all n_vocab logits into a candidates
+        # array, about 0.2 ms a token on this CPU (2% of a 16-stream step), for the same answer.
+        self._argmax = temperature <= 0 and not logit_bias and not penalized
         if logit_bias:
             biases = (C.llama_logit_bias * len(logit_bias))(*(C.llama_logit_bias(t, b) for t, b in logit_bias.items()))
             add(C.llama_sampler_init_logit_bias(n_vocab, len(logit_bias), biases))
-        if repeat_penalty != 1.0 or frequency_penalty or presence_penalty:
+        if penalized:
             penalties = (repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
             add(C.llama_sampler_init_penalties(n_vocab, *penalties))
         if temperature <= 0:
@@ -365,6 +379,8 @@ class Sampler:
 
     def sample(self, ctx: Context, row: int) -> int:
         """Sample from output row `row` of the last decode and record the token in the chain."""
+        if self._argmax:
+            return ctx.argmax(row)
         return int(C.llama_sampler_sample(self._h, ctx.handle, row))
 
     def sample_masked(self, ctx: Context, row: int, allowed: np.ndarray) -> int:
