@@ -1,4 +1,4 @@
-"""llama.cpp's model, context, batch, sampler and vocabulary.
+"""llama.cpp's model, context, batch and vocabulary (the sampler chain is in sampler.py).
 
 Every llama.cpp handle (model, context, batch, sampler) is owned by one Python object
 that frees it in close(). Failures become edgeinfer errors. Only Python ints, bytes,
@@ -327,82 +327,3 @@ class Batch:
         if self.raw is not None:
             C.llama_batch_free(self.raw)
             self.raw = None
-
-
-TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
-
-
-class Sampler:
-    """llama.cpp's native sampler chain for one stream: penalties, top-k/p, min-p, temperature."""
-
-    def __init__(
-        self,
-        n_vocab: int,
-        *,
-        temperature: float = 0.0,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_last_n: int = 64,
-        seed: int | None = None,
-        logit_bias: dict[int, float] | None = None,
-    ) -> None:
-        params = C.llama_sampler_chain_default_params()
-        params.no_perf = True
-        self._h = C.llama_sampler_chain_init(params)
-        add = lambda s: C.llama_sampler_chain_add(self._h, s)  # noqa: E731
-        penalized = repeat_penalty != 1.0 or frequency_penalty or presence_penalty
-        # A chain of greedy alone keeps no state and takes the largest logit, so sample() reads it
-        # from the row: llama_sampler_sample first copies all n_vocab logits into a candidates
-        # array, about 0.2 ms a token on this CPU (2% of a 16-stream step), for the same answer.
-        self._argmax = temperature <= 0 and not logit_bias and not penalized
-        if logit_bias:
-            biases = (C.llama_logit_bias * len(logit_bias))(*(C.llama_logit_bias(t, b) for t, b in logit_bias.items()))
-            add(C.llama_sampler_init_logit_bias(n_vocab, len(logit_bias), biases))
-        if penalized:
-            penalties = (repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
-            add(C.llama_sampler_init_penalties(n_vocab, *penalties))
-        if temperature <= 0:
-            add(C.llama_sampler_init_greedy())
-        else:
-            if top_k > 0:
-                add(C.llama_sampler_init_top_k(top_k))
-            if top_p < 1.0:
-                add(C.llama_sampler_init_top_p(top_p, 1))
-            if min_p > 0.0:
-                add(C.llama_sampler_init_min_p(min_p, 1))
-            add(C.llama_sampler_init_temp(temperature))
-            add(C.llama_sampler_init_dist(DEFAULT_SEED if seed is None else seed & 0xFFFFFFFF))
-
-    def sample(self, ctx: Context, row: int) -> int:
-        """Sample from output row `row` of the last decode and record the token in the chain."""
-        if self._argmax:
-            return ctx.argmax(row)
-        return int(C.llama_sampler_sample(self._h, ctx.handle, row))
-
-    def sample_masked(self, ctx: Context, row: int, allowed: np.ndarray) -> int:
-        """Sample from row `row` among the tokens marked in `allowed` (a grammar's mask) and record it."""
-        ids = np.flatnonzero(allowed).astype(np.int32)
-        if not len(ids):
-            raise DecodeError("the grammar allows no token here")
-        data = np.zeros(len(ids), TOKEN_DATA)
-        data["id"] = ids
-        data["logit"] = ctx.logits(row)[ids]
-        ptr = data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
-        cur = C.llama_token_data_array(ptr, len(ids), -1, False)
-        C.llama_sampler_apply(self._h, ctypes.byref(cur))
-        token = int(data["id"][cur.selected])
-        C.llama_sampler_accept(self._h, token)
-        return token
-
-    def accept(self, token: int) -> None:
-        """Record a token chosen elsewhere (e.g. the prompt) for the penalties."""
-        C.llama_sampler_accept(self._h, token)
-
-    def close(self) -> None:
-        if self._h:
-            C.llama_sampler_free(self._h)
-            self._h = None
