@@ -117,7 +117,7 @@ def forced_matches(engine: object, prompt: list[int], answer: list[int]) -> int:
                 if not ctx.decode(batch):
                     raise EdgeInferError("the KV cache is too small for the quality prompts; raise --ctx-size")
                 for row in range(wanted, len(chunk)):
-                    predicted = int(np.argmax(ctx.logits(row)))
+                    predicted = ctx.argmax(row)
                     matches += predicted == answer[start + row - first]
         finally:
             ctx.seq_rm(0)

@@ -186,7 +186,7 @@ class Speculator:
         row0 = item.row0
         p = st.params
         if p.temperature <= 0:
-            argmax = [int(np.argmax(ctx.logits(row0 + i))) for i in range(k + 1)]
+            argmax = [ctx.argmax(row0 + i) for i in range(k + 1)]
             out = verify_greedy(draft, argmax)
         elif st.q is not None and len(st.q) == k:  # drafts drawn from q: --spec-verify rejection
             probs = np.stack(
