@@ -488,21 +488,28 @@ def test_shutdown_leaves_a_socket_file_that_is_no_longer_ours(tmp_path):
 
 
 def test_api_key_is_compared_in_constant_time(monkeypatch):
-    from edgeinfer.server import routes
+    """Either header carries the key (Anthropic's clients send x-api-key); both are compared every time."""
+    from edgeinfer.server import state
 
     seen = []
-    monkeypatch.setattr(routes.hmac, "compare_digest", lambda a, b: seen.append((a, b)) or a == b)
+    monkeypatch.setattr(state.hmac, "compare_digest", lambda a, b: seen.append((a, b)) or a == b)
     app = _fake_app(api_key="s3cret")
+    sent = [
+        {"authorization": b"Bearer s3cret"},
+        {"authorization": b"Bearer wrong"},
+        {"authorization": "Bearer sécret".encode()},
+        {"x-api-key": b"s3cret"},
+        {"x-api-key": b"wrong"},
+        {"x-api-key": b"Bearer s3cret"},
+        {},
+    ]
 
     async def go():
         async with _in_process(app) as http:
-            return [
-                (await http.get("/v1/models", headers={"authorization": h})).status_code
-                for h in (b"Bearer s3cret", b"Bearer wrong", "Bearer sécret".encode())
-            ]
+            return [(await http.get("/v1/models", headers=h)).status_code for h in sent]
 
-    assert asyncio.run(go()) == [200, 401, 401]
-    assert len(seen) == 3 and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in seen)
+    assert asyncio.run(go()) == [200, 401, 401, 200, 401, 401, 401]
+    assert len(seen) == 2 * len(sent) and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in seen)
 
 
 class _FakeEngine:

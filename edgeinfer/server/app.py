@@ -1,10 +1,9 @@
-"""The ASGI app: the factories (make_server, make_app) and the server's state; the routes are in routes.py."""
+"""The ASGI app: the factories (make_server, make_app) and its error handlers; the state is in state.py."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,58 +11,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from edgeinfer.engine import Engine, make_engine
 from edgeinfer.errors import EdgeInferError, EngineClosedError, QueueFullError
 from edgeinfer.models.catalog import model_id_of
 from edgeinfer.options import EngineConfig
+from edgeinfer.server import routes
 from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
-from edgeinfer.server.prometheus import EngineCollector
-from edgeinfer.server.schema import error_body
+from edgeinfer.server.state import ServerState, error_response
 
-
-class ServerState:
-    """The engine once loaded, or why it is not there yet; what the routes share."""
-
-    def __init__(self, factory: Callable[[], Engine], model_id: str, api_key: str | None) -> None:
-        self.factory = factory
-        self.model_id = model_id
-        self.api_key = api_key
-        self.engine: Engine | None = None
-        self.load_error: str | None = None
-        self.started = time.time()
-        self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(lambda: self.engine))
-        # Run at shutdown after the engine closes (e.g. removing the socket file): uvicorn
-        # re-raises SIGTERM once it has shut down, so code after it never runs.
-        self.on_close: list[Callable[[], None]] = []
-        # Shutdown: requests in flight get grace_s seconds from shutdown_at (time.monotonic(),
-        # set by listen.serve on SIGTERM/SIGINT) to finish; then they are cancelled.
-        self.grace_s = 10.0
-        self.shutdown_at: float | None = None
-
-    def grace_left(self) -> float | None:
-        """Seconds of the shutdown grace left; None while the server is not shutting down."""
-        if self.shutdown_at is None:
-            return None
-        return self.shutdown_at + self.grace_s - time.monotonic()
-
-    def load(self) -> None:
-        try:
-            self.engine = self.factory()
-        except EdgeInferError as e:
-            self.load_error = str(e)
-        except Exception as e:
-            self.load_error = f"model load failed: {e!r}"
-
-    def ready(self) -> Engine:
-        if self.engine is None:
-            if self.load_error:
-                raise EngineClosedError(f"the model failed to load: {self.load_error}")
-            raise EngineClosedError("the model is still loading; retry when /health answers 200")
-        return self.engine
+# Every API the server speaks: one router per module. A new dialect adds its router here.
+ROUTERS = [
+    routes.router,  # health, models, metrics, stats; OpenAI's chat and text completions
+]
 
 
 def make_server(
@@ -88,8 +49,6 @@ def make_app(
 
     Request bodies over max_body_mb MiB are refused with 413 before they are parsed.
     """
-    from edgeinfer.server.routes import router
-
     state = ServerState(factory, model_id, api_key)
 
     @asynccontextmanager
@@ -109,7 +68,8 @@ def make_app(
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(EdgeInferError, engine_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
-    app.include_router(router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20))
     return app
 
@@ -130,7 +90,7 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     else:
         msg = str(err.get("msg")).removeprefix("Value error, ")
         message = f"{param}: {msg}" if param else msg
-    return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+    return error_response(request, 400, message, "invalid_request_error", param)
 
 
 def _union_tag(x: Any) -> bool:
@@ -142,7 +102,7 @@ async def engine_error(request: Request, exc: EdgeInferError) -> JSONResponse:
     headers = {"Retry-After": "1"} if isinstance(exc, QueueFullError | EngineClosedError) else None
     param = getattr(exc, "param", None)
     kind = "invalid_request_error" if exc.http_status < 500 else "server_error"
-    return JSONResponse(error_body(str(exc), kind, param, exc.code), status_code=exc.http_status, headers=headers)
+    return error_response(request, exc.http_status, str(exc), kind, param, exc.code, headers)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -152,4 +112,4 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     if isinstance(bad, UnicodeDecodeError):  # FastAPI's "error parsing the body", said precisely
         byte = bad.object[bad.start]
         message = f"the request body is not valid UTF-8 (byte {byte:#04x} at offset {bad.start}); send UTF-8 JSON"
-    return JSONResponse(error_body(str(message), kind), status_code=exc.status_code)
+    return error_response(request, exc.status_code, str(message), kind)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,30 +12,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
-from starlette.exceptions import HTTPException
 
 from edgeinfer.engine import Engine, StreamHandle
 from edgeinfer.errors import EdgeInferError, RequestError
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import Grammar, SamplingParams
 from edgeinfer.server import tools, wire
-from edgeinfer.server.app import ServerState
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
-
-
-def server_state(request: Request) -> ServerState:
-    return request.app.state.edgeinfer  # type: ignore[no-any-return]
-
-
-async def authorized(request: Request) -> None:
-    key = server_state(request).api_key
-    if key is None:
-        return
-    sent = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
-    # Constant time: the comparison must not tell a guesser how many leading bytes were right.
-    if not hmac.compare_digest(sent, f"Bearer {key}".encode()):
-        raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
-
+from edgeinfer.server.state import ServerState, authorized, server_state
 
 router = APIRouter()
 guarded = APIRouter(dependencies=[Depends(authorized)])
