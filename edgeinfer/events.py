@@ -55,3 +55,4 @@ class Finish:
     stats: StreamStats
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # set when finish_reason is "error"
+    stop_sequence: str | None = None  # the request's stop string that ended it (finish_reason "stop")

@@ -293,10 +293,7 @@ def test_parse_calls_and_the_text_before():
     )
     before, calls = T.parse_calls(text)
     assert before == "Let me check."
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
-        ("f", {"a": 1}),
-        ("g", {}),
-    ]
+    assert [(name, json.loads(arguments)) for name, arguments in calls] == [("f", {"a": 1}), ("g", {})]
     assert T.parse_calls("plain text") == ("plain text", [])
     cut = '<tool_call>\n{"name": "f", "argu'
     assert T.parse_calls(cut) == (cut, [])

@@ -247,6 +247,7 @@ def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]]
 
 def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_tokens: int) -> Any:
     from edgeinfer.server import tools as T
+    from edgeinfer.server.output import ToolCall, whole
     from edgeinfer.server.schema import ChatRequest
 
     req = ChatRequest(
@@ -255,8 +256,7 @@ def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_
     native = engine.template.renders_tools
     prompt = engine.chat_prompt(T.chat_messages(req, native), tools if native else None)
     finish = engine.generate(prompt, req.to_sampling(T.tools_grammar(req)))
-    _, calls = T.parse_calls(finish.text)
-    return finish.text, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    return finish.text, [(ev.name, ev.arguments) for ev in whole(finish, tools=True) if isinstance(ev, ToolCall)]
 
 
 async def _server_tool_replies(

@@ -180,6 +180,8 @@ class Delivery:
         self.metrics.finish(reason)
         gen = s.tokens[s.n_prompt :]
         finish = Finish(s.index, reason, live.text.text, gen, stats, live.logprobs or None, error or live.error)
+        if reason == "stop":
+            finish.stop_sequence = live.text.stop_hit
         self.outbox.push(live.handle, finish)
 
 

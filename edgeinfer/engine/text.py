@@ -19,6 +19,7 @@ class TextStream:
         self._hold = ""
         self.text = ""  # everything emitted so far
         self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, data: bytes) -> str:
         """Add a token's bytes; return the text that is now safe to emit."""
@@ -29,7 +30,7 @@ class TextStream:
         for stop in self._stops:
             i = buf.find(stop)
             if i >= 0 and (cut < 0 or i < cut):
-                cut = i
+                cut, self.stop_hit = i, stop
         if cut >= 0:
             self.stopped = True
             self._hold = ""

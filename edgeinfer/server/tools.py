@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,8 +151,10 @@ def _rebase(value: Any, base: str) -> Any:
 # --- the answer -----------------------------------------------------------------
 
 
-def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(the text before the first call, or None; the calls in OpenAI's shape). No call: (text, [])."""
+def parse_calls(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the text before the first call, or None; the calls as (name, arguments as JSON text)). No call: (text, []).
+
+    Called only by edgeinfer.server.output, which turns the calls into neutral ToolCall events."""
     start = text.find(OPEN)
     if start < 0:
         return text, []
@@ -169,9 +170,7 @@ def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             break
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             break
-        arguments = json.dumps(obj.get("arguments", {}), ensure_ascii=False)
-        function = {"name": obj["name"], "arguments": arguments}
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function})
+        calls.append((obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
         pos = text.find(OPEN, end)
     if not calls:
         return text, []

@@ -7,7 +7,8 @@ import uuid
 from typing import Any, Protocol
 
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
-from edgeinfer.server.tools import CallWatch, parse_calls
+from edgeinfer.server.output import TextDelta, ToolCall, whole
+from edgeinfer.server.tools import CallWatch
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 
@@ -97,9 +98,14 @@ class ChatFormat(_Base):
 
     def _calls(self, f: Finish) -> tuple[str | None, list[dict[str, Any]]]:
         """The choice's text before any call, and its complete calls (a call cut by max_tokens is left out)."""
-        if not self.tools or f.finish_reason not in ("stop", "length"):
-            return f.text, []
-        return parse_calls(f.text)
+        events = whole(f, self.tools)
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in events
+            if isinstance(c, ToolCall)
+        ]
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        return (text if text or not calls else None), calls
 
     @staticmethod
     def _reason(f: Finish, calls: list[dict[str, Any]]) -> str:
