@@ -246,16 +246,15 @@ def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]]
 
 
 def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_tokens: int) -> Any:
-    from edgeinfer.server import tools as T
     from edgeinfer.server.output import ToolCall, whole
+    from edgeinfer.server.run import chat_input
     from edgeinfer.server.schema import ChatRequest
 
     req = ChatRequest(
         model="x", messages=msgs, tools=tools, tool_choice="required", temperature=0, max_tokens=max_tokens
     )
-    native = engine.template.renders_tools
-    prompt = engine.chat_prompt(T.chat_messages(req, native), tools if native else None)
-    finish = engine.generate(prompt, req.to_sampling(T.tools_grammar(req)))
+    prompt, params = chat_input(engine, req)  # the prompt and grammar the server would use
+    finish = engine.generate(prompt, params)
     return finish.text, [(ev.name, ev.arguments) for ev in whole(finish, tools=True) if isinstance(ev, ToolCall)]
 
 

@@ -17,13 +17,14 @@ from edgeinfer.engine import Engine, make_engine
 from edgeinfer.errors import EdgeInferError, EngineClosedError, QueueFullError
 from edgeinfer.models.catalog import model_id_of
 from edgeinfer.options import EngineConfig
-from edgeinfer.server import routes
+from edgeinfer.server import openai_chat, routes
 from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from edgeinfer.server.state import ServerState, error_response
 
 # Every API the server speaks: one router per module. A new dialect adds its router here.
 ROUTERS = [
-    routes.router,  # health, models, metrics, stats; OpenAI's chat and text completions
+    routes.router,  # health, models, metrics, stats
+    openai_chat.router,  # OpenAI's chat and text completions
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 
 from edgeinfer.errors import ConfigError, EngineFailedError
-from edgeinfer.server.routes import CUT_MARGIN_S
+from edgeinfer.server.streaming import CUT_MARGIN_S
 
 
 def default_socket_path() -> Path:

@@ -1,0 +1,226 @@
+"""OpenAI's chat and text completions: the endpoints, and the neutral events rendered in OpenAI's JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from edgeinfer.events import Finish, StreamStats, TokenLogprob
+from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
+from edgeinfer.server.run import check_model, run_chat
+from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
+from edgeinfer.server.state import authorized, server_state
+from edgeinfer.server.streaming import SSEItem, respond, sse_data, submit
+
+router = APIRouter(dependencies=[Depends(authorized)])
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, req: ChatRequest) -> Any:
+    state = server_state(request)
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await run_chat(request, state, req, lambda _: ChatDialect(state.model_id, req.logprobs, usage), req.stream)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, req: CompletionRequest) -> Any:
+    state = server_state(request)
+    engine = state.ready()
+    check_model(req.model, state.model_id)
+    prompt = req.prompt_input()
+    if isinstance(prompt, str) and prompt:
+        prompt = await asyncio.to_thread(engine.tokenize, prompt)
+    handles = await submit(engine, prompt, req.to_sampling(), req.n)
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    dialect = CompletionDialect(state.model_id, req.logprobs is not None, usage)
+    return await respond(request, state, handles, dialect, req.stream, tools=False)
+
+
+# Done.reason to OpenAI's finish_reason: a cancelled or failed choice ends as "stop" (the error
+# itself is sent as an error object).
+FINISH = {
+    "stop": "stop",
+    "stop_sequence": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "cancelled": "stop",
+    "error": "stop",
+}
+
+
+def usage(finishes: list[Finish]) -> dict[str, Any]:
+    """Prompt tokens count once: the n streams of a request share one prompt."""
+    s0 = finishes[0].stats
+    completion = sum(f.stats.completion_tokens for f in finishes)
+    return {
+        "prompt_tokens": s0.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": s0.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": s0.cached_tokens},
+    }
+
+
+def timings(stats: list[StreamStats]) -> dict[str, Any]:
+    """edgeinfer's extra figures: TTFT and decode speed per choice; draft counts named as llama-server names them."""
+    return {
+        "ttft_s": [s.ttft_s for s in stats],
+        "decode_tps": [s.decode_tps for s in stats],
+        "cached_tokens": stats[0].cached_tokens,
+        "draft_n": sum(s.draft_tokens for s in stats),
+        "draft_n_accepted": sum(s.draft_accepted for s in stats),
+    }
+
+
+def _lp_entry(lp: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": lp.text,
+        "logprob": lp.logprob,
+        "bytes": list(lp.text.encode("utf-8")),
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for _, t, v in lp.top],
+    }
+
+
+def _legacy_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "tokens": [lp.text for lp in lps],
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{t: v for _, t, v in lp.top} for lp in lps],
+    }
+
+
+class _OpenAI:
+    """What chat and text completions share: the envelope, the usage chunk, the [DONE] sentinel, errors."""
+
+    prefix = "cmpl"
+    chunk_name = ""
+    terminal: str | None = "[DONE]"
+
+    def __init__(self, model: str, logprobs: bool, include_usage: bool) -> None:
+        self.model = model
+        self.logprobs = logprobs
+        self.include_usage = include_usage  # stream_options.include_usage: a last chunk with the usage
+        self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def end(self, done: list[Done]) -> list[SSEItem]:
+        if not self.include_usage:
+            return []
+        out = self._envelope(self.chunk_name, [])
+        out["usage"] = usage([d.finish for d in done])
+        out["timings"] = timings([d.finish.stats for d in done])
+        return [sse_data(out)]
+
+    def error_event(self, message: str, code: str) -> SSEItem:
+        return sse_data(error_body(message, "server_error", code=code))
+
+    def error_response(self, status: int, message: str, code: str) -> JSONResponse:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return JSONResponse(error_body(message, kind, code=code), status_code=status)
+
+    def _whole(self, obj: str, choices: list[dict[str, Any]], done: list[Done]) -> dict[str, Any]:
+        out = self._envelope(obj, choices)
+        out["usage"] = usage([d.finish for d in done])
+        out["timings"] = timings([d.finish.stats for d in done])
+        return out
+
+
+class ChatDialect(_OpenAI):
+    """chat.completion and chat.completion.chunk; a choice's tool calls go out in one chunk, before its end."""
+
+    prefix = "chatcmpl"
+    chunk_name = "chat.completion.chunk"
+
+    def __init__(self, model: str, logprobs: bool, include_usage: bool = False) -> None:
+        super().__init__(model, logprobs, include_usage)
+        self.calls: dict[int, list[ToolCall]] = {}  # by choice, until its Done
+
+    def start(self, n: int) -> list[SSEItem]:
+        return [sse_data(self._delta(i, {"role": "assistant", "content": ""})) for i in range(n)]
+
+    def on(self, ev: Event) -> list[SSEItem]:
+        if isinstance(ev, TextDelta):
+            lp = {"content": [_lp_entry(ev.logprob)]} if self.logprobs and ev.logprob else None
+            if not ev.text and lp is None:
+                return []
+            return [sse_data(self._delta(ev.index, {"content": ev.text}, lp=lp))]
+        if isinstance(ev, ReasoningDelta):
+            return [sse_data(self._delta(ev.index, {"reasoning_content": ev.text}))]
+        if isinstance(ev, ToolCall):
+            self.calls.setdefault(ev.index, []).append(ev)
+            return []
+        out = []
+        if calls := self.calls.pop(ev.index, []):
+            fragments = [{"index": c.call_index, **_call(c)} for c in calls]
+            out.append(sse_data(self._delta(ev.index, {"tool_calls": fragments})))
+        return [*out, sse_data(self._delta(ev.index, {}, FINISH[ev.reason]))]
+
+    def _delta(self, index: int, delta: dict[str, Any], reason: str | None = None, lp: Any = None) -> dict[str, Any]:
+        return self._envelope(
+            self.chunk_name, [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": lp}]
+        )
+
+    def response(self, done: list[Done], events: list[Event]) -> dict[str, Any]:
+        choices = []
+        for d in done:
+            mine = [ev for ev in events if ev.index == d.index]
+            text = "".join(ev.text for ev in mine if isinstance(ev, TextDelta))
+            calls = [_call(ev) for ev in mine if isinstance(ev, ToolCall)]
+            message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+            if reasoning := "".join(ev.text for ev in mine if isinstance(ev, ReasoningDelta)):
+                message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = calls
+            lps = d.finish.logprobs or []
+            choices.append(
+                {
+                    "index": d.index,
+                    "message": message,
+                    "finish_reason": FINISH[d.reason],
+                    "logprobs": {"content": [_lp_entry(lp) for lp in lps]} if self.logprobs else None,
+                }
+            )
+        return self._whole("chat.completion", choices, done)
+
+
+def _call(c: ToolCall) -> dict[str, Any]:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
+class CompletionDialect(_OpenAI):
+    """text_completion, streamed or whole; no tools, no role chunk."""
+
+    prefix = "cmpl"
+    chunk_name = "text_completion"
+
+    def start(self, n: int) -> list[SSEItem]:
+        return []
+
+    def on(self, ev: Event) -> list[SSEItem]:
+        if isinstance(ev, TextDelta):
+            lp = _legacy_logprobs([ev.logprob]) if self.logprobs and ev.logprob else None
+            choice = {"index": ev.index, "text": ev.text, "finish_reason": None, "logprobs": lp}
+            return [sse_data(self._envelope(self.chunk_name, [choice]))]
+        if isinstance(ev, Done):
+            choice = {"index": ev.index, "text": "", "finish_reason": FINISH[ev.reason], "logprobs": None}
+            return [sse_data(self._envelope(self.chunk_name, [choice]))]
+        return []
+
+    def response(self, done: list[Done], events: list[Event]) -> dict[str, Any]:
+        choices = [
+            {
+                "index": d.index,
+                "text": "".join(ev.text for ev in events if isinstance(ev, TextDelta) and ev.index == d.index),
+                "finish_reason": FINISH[d.reason],
+                "logprobs": _legacy_logprobs(d.finish.logprobs or []) if self.logprobs else None,
+            }
+            for d in done
+        ]
+        return self._whole("text_completion", choices, done)

@@ -1,0 +1,84 @@
+"""One internal request for every chat-shaped API: a ChatRequest checked, rendered, submitted and answered.
+
+Chat completions, Responses and Messages each translate their body into a ChatRequest and
+call run_chat with a factory for their Dialect; so grammar, tools, speculation and the
+prefix cache are the same whichever API asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request
+
+from edgeinfer.engine import Engine
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.server import tools
+from edgeinfer.server.schema import ChatRequest
+from edgeinfer.server.state import ServerState
+from edgeinfer.server.streaming import Dialect, respond, submit
+
+DialectFactory = Callable[[int], Dialect]  # called with the rendered prompt's length in tokens
+
+
+class ModelNotFound(EdgeInferError):
+    http_status = 404
+    code = "model_not_found"
+
+
+def check_model(name: str, model_id: str) -> None:
+    """The one model served answers to its id and to "default"; any other name is a 404."""
+    if name not in (model_id, "default"):
+        raise ModelNotFound(f"model {name!r} is not served here; GET /v1/models lists {model_id!r}")
+
+
+def template_input(engine: Engine, req: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages, and the tools where the template writes them, that req gives the model's template."""
+    native = tools.uses_tools(req) and engine.template.renders_tools
+    messages = tools.chat_messages(req, native)
+    offered = [t.model_dump() for t in req.tools or []] if native else None
+    return messages, offered
+
+
+def chat_text(engine: Engine, req: ChatRequest) -> str:
+    """The prompt text req renders to (POST /apply-template shows it): what chat_input tokenizes."""
+    messages, offered = template_input(engine, req)
+    return engine.template.render(messages, add_generation_prompt=True, tools=offered)
+
+
+def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams]:
+    """The prompt (messages, and tools where the template writes them) and the sampling, grammar included."""
+    prompt = engine.chat_prompt(*template_input(engine, req))
+    fmt = req.response_format.grammar() if req.response_format is not None else None
+    grammar = tools.tools_grammar(req) or fmt
+    if tools.uses_tools(req):
+        assert req.tools is not None
+        if fmt is not None:
+            engine.grammars.compile(fmt)
+        for i, t in enumerate(req.tools):  # each schema on its own, so that an error names its tool
+            if t.function.parameters is not None:
+                engine.grammars.compile(
+                    Grammar(
+                        kind="json_schema",
+                        source=json.dumps(t.function.parameters),
+                        origin=f"tools[{i}].function.parameters",
+                    )
+                )
+    return prompt, req.to_sampling(grammar)
+
+
+async def run_chat(
+    request: Request, state: ServerState, req: ChatRequest, dialect_factory: DialectFactory, stream: bool
+) -> Any:
+    """Check the model, render and tokenize the prompt (off the event loop), submit req.n streams,
+    and answer in the factory's dialect. Bad input raises an EdgeInferError (a 4xx) before anything is sent."""
+    engine = state.ready()
+    check_model(req.model, state.model_id)
+    # Templating and tokenizing take time in proportion to the prompt: off the event loop.
+    prompt, params = await asyncio.to_thread(chat_input, engine, req)
+    handles = await submit(engine, prompt, params, req.n)
+    return await respond(request, state, handles, dialect_factory(len(prompt)), stream, tools.uses_tools(req))

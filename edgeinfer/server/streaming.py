@@ -1,0 +1,205 @@
+"""Answering a submitted request in any API: streamed or whole, through the shutdown grace and client disconnects.
+
+What is API-specific (event names, framing, the terminal sentinel, error shapes, the
+whole answer's JSON) a Dialect says; this module only runs the streams. The streams' engine
+events become neutral events (edgeinfer.server.output) that the dialect renders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from edgeinfer.engine import Engine, StreamHandle
+from edgeinfer.events import Chunk, Finish
+from edgeinfer.options import SamplingParams
+from edgeinfer.server.output import ChoiceOutput, Done, Event, whole
+from edgeinfer.server.state import ServerState
+
+POLL_S = 0.2  # how often a waiting request looks for its client leaving or the grace running out
+CUT_MARGIN_S = 5.0  # after the grace, time for cancelled streams to send their end before the hard cut
+
+SSEItem = dict[str, str]  # one server-sent event for sse-starlette: {"event": name, "data": text}; "event" optional
+
+
+class Dialect(Protocol):
+    """One API's rendering of the neutral events: made per request, so it may keep state (ids, counters)."""
+
+    terminal: str | None  # data of the last SSE item ("[DONE]" for OpenAI's chat and text completions), or none
+
+    def start(self, n: int) -> list[SSEItem]:
+        """SSE items sent first, for n choices (chat: a role chunk per choice; Messages: message_start)."""
+        ...
+
+    def on(self, ev: Event) -> list[SSEItem]:
+        """SSE items for one neutral event (often none: a dialect may hold events until a Done)."""
+        ...
+
+    def end(self, done: list[Done]) -> list[SSEItem]:
+        """After every choice is Done, before the terminal (a usage chunk, message_stop, response.completed)."""
+        ...
+
+    def error_event(self, message: str, code: str) -> SSEItem:
+        """An SSE item in the API's error shape, sent before the failed choice's Done."""
+        ...
+
+    def response(self, done: list[Done], events: list[Event]) -> dict[str, Any]:
+        """The whole answer (not streamed): every choice's events in order, and the Done of each, by index."""
+        ...
+
+    def error_response(self, status: int, message: str, code: str) -> JSONResponse:
+        """An error answer in the API's shape, for a failure after submission (500, or 503 shutting_down)."""
+        ...
+
+
+async def submit(engine: Engine, prompt: str | list[int], params: SamplingParams, n: int) -> list[StreamHandle]:
+    """engine.submit in a worker thread (it checks the prompt and builds a sampler per stream,
+    under the engine's lock); should this request be cancelled meanwhile, its streams are too."""
+    work = asyncio.ensure_future(asyncio.to_thread(engine.submit, prompt, params, n, asyncio.get_running_loop()))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        work.add_done_callback(_cancel_submitted)
+        raise
+
+
+def _cancel_submitted(work: asyncio.Future[list[StreamHandle]]) -> None:
+    if not work.cancelled() and work.exception() is None:
+        for h in work.result():
+            h.cancel()
+
+
+async def respond(
+    request: Request, state: ServerState, handles: list[StreamHandle], dialect: Dialect, stream: bool, tools: bool
+) -> Any:
+    """The answer to a submitted request: an SSE stream, or the whole answer once every choice ends.
+
+    tools: the answer may hold tool calls (the request offered tools, tool_choice not "none")."""
+    if stream:
+        return EventSourceResponse(
+            _sse(handles, dialect, tools, state),
+            ping=15,
+            # sse-starlette cuts every stream as soon as it sees the server shutting down, unless
+            # given a grace period. _sse itself ends the stream cleanly when the grace runs out;
+            # the library's cut, CUT_MARGIN_S later, is the backstop should the engine not answer.
+            shutdown_grace_period=state.grace_s + CUT_MARGIN_S,
+        )
+    results = asyncio.ensure_future(asyncio.gather(*(h.aresult() for h in handles)))
+    try:
+        while not results.done():
+            await asyncio.wait({results}, timeout=POLL_S)
+            if results.done():
+                break
+            if await request.is_disconnected():
+                # Its client is gone (a timeout, and the SDK retries): stop generating for nobody.
+                _cancel(handles, results)
+                return Response(status_code=499)
+            left = state.grace_left()
+            if left is not None and left <= 0:
+                _cancel(handles, results)
+                return dialect.error_response(503, shutting_down("request", state.grace_s), "shutting_down")
+        finishes = sorted(results.result(), key=lambda f: f.index)
+    except asyncio.CancelledError:
+        _cancel(handles, results)
+        raise
+    failed = next((f for f in finishes if f.finish_reason == "error"), None)
+    if failed is not None:
+        return dialect.error_response(500, failed.error or "generation failed", "server_error")
+    events = [ev for f in finishes for ev in whole(f, tools)]
+    return dialect.response([ev for ev in events if isinstance(ev, Done)], events)
+
+
+def shutting_down(what: str, grace_s: float) -> str:
+    return f"the server is shutting down; this {what} did not finish within --grace {grace_s:g} s"
+
+
+def _cancel(handles: list[StreamHandle], results: asyncio.Future[Any]) -> None:
+    for h in handles:
+        h.cancel()
+    results.cancel()
+
+
+async def _events(handles: list[StreamHandle]) -> AsyncIterator[Chunk | Finish]:
+    """The events of n streams as they come, ending after the last Finish."""
+    if len(handles) == 1:
+        async for ev in handles[0]:
+            yield ev
+        return
+    queue: asyncio.Queue[Chunk | Finish] = asyncio.Queue()
+
+    async def pump(h: StreamHandle) -> None:
+        async for ev in h:
+            queue.put_nowait(ev)
+
+    tasks = [asyncio.create_task(pump(h)) for h in handles]
+    try:
+        left = len(handles)
+        while left:
+            ev = await queue.get()
+            left -= isinstance(ev, Finish)
+            yield ev
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _cut_at_grace(handles: list[StreamHandle], state: ServerState, cut: list[bool]) -> None:
+    """Once shutting down, cancel the streams when the grace runs out, so that _sse still sends
+    their end and an error before sse-starlette force-closes the response."""
+    while True:
+        left = state.grace_left()
+        if left is not None and left <= 0:
+            cut.append(True)
+            for h in handles:
+                h.cancel()
+            return
+        await asyncio.sleep(POLL_S if left is None else min(POLL_S, left))
+
+
+async def _sse(
+    handles: list[StreamHandle], dialect: Dialect, tools: bool, state: ServerState
+) -> AsyncIterator[SSEItem]:
+    """Merge the n streams' events into one SSE stream; a disconnect cancels every stream."""
+    outputs = [ChoiceOutput(tools) for _ in handles]
+    done: list[Done] = []
+    cut: list[bool] = []
+    watcher = asyncio.create_task(_cut_at_grace(handles, state, cut))
+    try:
+        for item in dialect.start(len(handles)):
+            yield item
+        async for ev in _events(handles):
+            if isinstance(ev, Chunk):
+                events = outputs[ev.index].feed(ev)
+            else:
+                if ev.finish_reason == "error":
+                    yield dialect.error_event(ev.error or "generation failed", "server_error")
+                elif ev.finish_reason == "cancelled" and cut:
+                    yield dialect.error_event(shutting_down("stream", state.grace_s), "shutting_down")
+                events = outputs[ev.index].end(ev)
+            for out in events:
+                if isinstance(out, Done):
+                    done.append(out)
+                for item in dialect.on(out):
+                    yield item
+        for item in dialect.end(sorted(done, key=lambda d: d.index)):
+            yield item
+        if dialect.terminal is not None:
+            yield {"data": dialect.terminal}
+    finally:
+        watcher.cancel()
+        for h in handles:
+            h.cancel()
+
+
+def sse_data(obj: Any, event: str | None = None) -> SSEItem:
+    """An SSE item whose data is obj as JSON; named when event is given (OpenAI's chat names none)."""
+    item = {"data": json.dumps(obj)}
+    if event is not None:
+        item["event"] = event
+    return item
