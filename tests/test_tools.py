@@ -320,3 +320,69 @@ def test_tool_schemas_keep_their_references_under_defs():
         jsonschema.validate({"name": "get_time", "arguments": {"zone": "utc"}}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "get_weather", "arguments": {"zone": "UTC"}}, schema)
+
+
+# A template that renders tools, and the history as such templates read it: call ids, arguments
+# as a mapping, and results by tool_call_id.
+TOOL_TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<call {{ c.id }} {{ c.type }} {{ c.function.name }}"
+    " city={{ c.function.arguments.city }}>{% endfor %}"
+    "{% if m.tool_call_id %}<result {{ m.tool_call_id }} {{ m.name }}>{% endif %}\n{% endfor %}"
+    "{% for t in tools or [] %}<tool {{ t.function.name }}>{% endfor %}"
+)
+HISTORY = [
+    *ask("What's the weather in Rome?"),
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_7", "content": '{"celsius": 24}'},
+]
+
+
+class TemplateEngine:
+    """Just what run.chat_input uses of an engine: a template, the prompt render, the grammar check."""
+
+    def __init__(self, source):
+        from edgeinfer.engine.template import ChatTemplate
+
+        self.template = ChatTemplate(source)
+        self.rendered = ""
+        self.grammars = self
+
+    def chat_prompt(self, messages, tools=None):
+        self.rendered = self.template.render(messages, tools=tools)
+        return [1, 2, 3]
+
+    def compile(self, grammar):
+        pass
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_tool_history_reaches_a_tool_template_whole(choice):
+    from edgeinfer.server.run import chat_input
+
+    engine = TemplateEngine(TOOL_TEMPLATE)
+    assert engine.template.renders_tools
+    chat_input(engine, ChatRequest(model="m", messages=HISTORY, tools=[WEATHER], tool_choice=choice))
+    assert "<call call_7 function get_weather city=Rome>" in engine.rendered
+    assert '[tool]{"celsius": 24}<result call_7 get_weather>' in engine.rendered
+    assert ("<tool get_weather>" in engine.rendered) == (choice == "auto")  # tools offered unless "none"
+    assert "<tool_call>" not in engine.rendered and "You can call functions" not in engine.rendered
+
+
+def test_a_template_without_tools_gets_the_history_in_the_wire_format():
+    from edgeinfer.server.run import chat_input
+
+    engine = TemplateEngine("{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}")
+    assert not engine.template.renders_tools
+    chat_input(engine, ChatRequest(model="m", messages=HISTORY, tools=[WEATHER]))
+    assert '[assistant]<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in (
+        engine.rendered
+    )
+    assert '[user]<tool_response>\n{"celsius": 24}\n</tool_response>' in engine.rendered
+    assert engine.rendered.startswith("[system]You can call functions")

@@ -38,9 +38,10 @@ def check_model(name: str, model_id: str) -> None:
 
 def template_input(engine: Engine, req: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages, and the tools where the template writes them, that req gives the model's template."""
-    native = tools.uses_tools(req) and engine.template.renders_tools
+    # A template that renders tools takes the tools, and the tool history whole (even with tool_choice "none").
+    native = (tools.uses_tools(req) or tools.has_tool_history(req)) and engine.template.renders_tools
     messages = tools.chat_messages(req, native)
-    offered = [t.model_dump() for t in req.tools or []] if native else None
+    offered = [t.model_dump() for t in req.tools or []] if native and tools.uses_tools(req) else None
     return messages, offered
 
 

@@ -48,15 +48,34 @@ def describe_tools(tools: list[Tool]) -> str:
 
 
 def chat_messages(req: ChatRequest, template_renders_tools: bool) -> list[dict[str, Any]]:
-    """The request's messages as the template takes them: earlier calls and their results in the wire format."""
+    """The request's messages as the template takes them.
+
+    A template that renders tools gets the history whole, as such templates expect it: an assistant
+    message's `tool_calls` ([{id, type, function: {name, arguments as a dict}}]) and a tool message's
+    `tool_call_id` (and the called function's `name`). For one that does not, earlier calls and their
+    results are written into the text in the wire format (the model reads them as it writes calls)."""
     out: list[dict[str, Any]] = []
+    called: dict[str, str] = {}  # call id -> function name, for the results that answer them
     for m in req.messages:
         role = "system" if m.role == "developer" else m.role
         text = m.text()
+        if template_renders_tools:
+            message: dict[str, Any] = {"role": role, "content": text}
+            if m.tool_calls:
+                message["tool_calls"] = [
+                    _history_call(c.id, c.function.name, c.function.arguments) for c in m.tool_calls
+                ]
+                called.update((c.id, c.function.name) for c in m.tool_calls)
+            if role == "tool":
+                message["tool_call_id"] = m.tool_call_id
+                if name := m.name or called.get(m.tool_call_id or ""):
+                    message["name"] = name
+            out.append(message)
+            continue
         if m.tool_calls:
             calls = [wire_call(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls]
             text = "\n".join([text, *calls]) if text else "\n".join(calls)
-        if role == "tool" and not template_renders_tools:
+        if role == "tool":
             role, text = "user", f"<tool_response>\n{text}\n</tool_response>"
         out.append({"role": role, "content": text})
     if uses_tools(req) and not template_renders_tools:
@@ -67,6 +86,16 @@ def chat_messages(req: ChatRequest, template_renders_tools: bool) -> list[dict[s
         else:
             out.insert(0, {"role": "system", "content": system})
     return out
+
+
+def _history_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    # Templates read arguments as a mapping (`arguments | tojson`, `arguments.items()`), not JSON text.
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.loads(arguments)}}
+
+
+def has_tool_history(req: ChatRequest) -> bool:
+    """Whether earlier calls or their results are in the messages (the template then matters even without tools)."""
+    return any(m.tool_calls or m.role == "tool" for m in req.messages)
 
 
 def wire_call(name: str, arguments: Any) -> str:
