@@ -196,6 +196,15 @@ class _Sampling(SamplingFields):
             )
         return data
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_shape(cls, v: Any) -> Any:
+        # Before the engine's own check, which would take an object's keys (or fail on a number).
+        if v is None or isinstance(v, str | list):
+            return v
+        kind = {dict: "an object", bool: "a boolean", int: "a number", float: "a number"}.get(type(v), type(v).__name__)
+        raise ValueError(f"stop must be a string or a list of strings, not {kind}")
+
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
