@@ -23,6 +23,7 @@ from typing import Any
 
 from edgeinfer.engine import faults
 from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
+from edgeinfer.engine.embeddings import Embeddings
 from edgeinfer.engine.grammar import Grammars, next_tokens
 from edgeinfer.engine.kvcache import ContextKv, make_store
 from edgeinfer.engine.metrics import Metrics
@@ -99,6 +100,7 @@ class Engine:
         self._closing = False
         self.fatal_error: str | None = None  # why the engine thread stopped, if it did
         self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
+        self.embeddings = Embeddings(self)  # its llama.cpp context is made on the first request
         self._unhook = on_abort(lambda reason: faults.aborted(self, reason)) if self.model.placement else None
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
@@ -108,9 +110,13 @@ class Engine:
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_special=True, parse_special=special)
 
+    def chat_text(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
+        """The prompt text of messages (and tools, where the template writes them) in the model's template."""
+        return self.template.render(messages, add_generation_prompt=True, tools=tools)
+
     def chat_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
-        """Render messages (and tools, where the template writes them) with the model's template; tokenize."""
-        text = self.template.render(messages, add_generation_prompt=True, tools=tools)
+        """chat_text, tokenized."""
+        text = self.chat_text(messages, tools)
         bos = self.template.bos
         if self.vocab.add_bos and bos and text.startswith(bos):
             text = text[len(bos) :]  # the tokenizer adds BOS itself
@@ -229,6 +235,7 @@ class Engine:
         if self.spec is not None:
             self.spec.close()
         self._batch.close()
+        self.embeddings.close()
         self.ctx.close()
         self.model.close()
 
@@ -261,12 +268,15 @@ class Engine:
         while True:
             self._flush()
             with self._lock:
-                while not self.sched.has_work() and not self._closing and not self._exclusive:
+                while (
+                    not self.sched.has_work() and not self._closing and not self._exclusive and not self.embeddings.jobs
+                ):
                     self._wake.wait()
                 if self._closing and not self.sched.has_work():
                     for _, fut in self._exclusive:
                         fut.set_exception(EngineClosedError("the engine is closed"))
                     return False
+            self.embeddings.run_pending()  # one embeddings decode, if any are queued: between two steps
             # Drafting happens outside the lock: only this thread changes streams' tokens.
             t_iter = time.perf_counter()
             drafts = self._propose()
