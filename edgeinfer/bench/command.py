@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from edgeinfer.bench.apis import parse_apis
 from edgeinfer.bench.options import BenchOptions
 from edgeinfer.bench.targets import EngineTarget, RawTarget, ServerTarget, Target
 from edgeinfer.bench.workloads import MAX_TOKENS, messages
@@ -25,6 +26,11 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
     jobs = [name for name, on in (("--quality", req.quality), ("--tune", req.tune)) if on]
     if len(jobs) > 1 or (jobs and remote):
         raise click.UsageError(f"{' and '.join(jobs + (['--socket/--url'] if remote else []))} cannot be combined")
+    apis = parse_apis(req.api)
+    if apis != ["chat"] and (not remote or jobs or req.workload == "json"):
+        raise click.UsageError(
+            "--api responses/messages streams a sweep from --socket/--url (not --quality, --tune or --workload json)"
+        )
     if req.dashboard and remote and not req.in_process:
         raise click.UsageError("--dashboard shows the in-process engine; watch a server with `edgeinfer top --socket`")
     # ~ expanded once, here: the paths checked now are the paths written after the sweep.
@@ -49,9 +55,13 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
         return
 
     servers = [
-        ServerTarget(socket=Path(p).expanduser(), model=req.remote_model, api_key=req.api_key) for p in req.sockets
+        ServerTarget(socket=Path(p).expanduser(), model=req.remote_model, api_key=req.api_key, api=api)
+        for p in req.sockets
+        for api in apis
     ]
-    servers += [ServerTarget(url=u, model=req.remote_model, api_key=req.api_key) for u in req.urls]
+    servers += [
+        ServerTarget(url=u, model=req.remote_model, api_key=req.api_key, api=api) for u in req.urls for api in apis
+    ]
     engine = None
     targets: list[Target] = list(servers)
     if not remote or req.in_process or req.raw:

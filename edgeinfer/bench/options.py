@@ -44,6 +44,13 @@ class BenchOptions(Options):
         description="Any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1; repeatable.",
         json_schema_extra=_cli("--url"),
     )
+    api: str = Field(
+        "chat",
+        description=(
+            "With --socket/--url: the API to stream from: chat (completions), responses, messages; "
+            "several comma-separated run side by side."
+        ),
+    )
     remote_model: str | None = Field(
         None, description="With --socket/--url: the model name to send (default: its first)."
     )

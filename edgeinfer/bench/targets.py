@@ -3,7 +3,8 @@
 - EngineTarget: an in-process engine (optionally with speculation forced on or off);
 - RawTarget: the bare llama_decode loop on that engine's own context (the overhead baseline);
 - ServerTarget: any OpenAI-compatible server, by Unix socket or URL (edgeinfer serve,
-  llama-server, Ollama, vLLM), through the openai client with streaming.
+  llama-server, Ollama, vLLM), through the openai client with streaming; or through the
+  Responses or Messages API (edgeinfer.bench.apis).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, TypeVar, cast
 import httpx
 import openai
 
+from edgeinfer.bench import apis
 from edgeinfer.bench.results import RunResult, StreamResult
 from edgeinfer.engine.stats import EngineStats
 from edgeinfer.errors import EdgeInferError
@@ -121,13 +123,15 @@ class ServerTarget(Target):
         model: str | None = None,
         api_key: str | None = None,
         name: str | None = None,
+        api: str = "chat",
     ) -> None:
         if (socket is None) == (url is None):
             raise ValueError("give a socket or a URL")
         self.socket, self.url, self.api_key = socket, url, api_key
+        self.api = api  # chat | responses | messages (edgeinfer.bench.apis)
         self.kind = "socket" if socket else "url"
         self.where = str(socket or url)
-        self.name = name or self.where
+        self.name = name or (self.where if api == "chat" else f"{self.where} ({api})")
         self.model = model or self._first_model()
 
     def _client(self, timeout: float = 600) -> openai.AsyncOpenAI:
@@ -162,6 +166,9 @@ class ServerTarget(Target):
             ) from None
 
     def run(self, messages: Messages, max_tokens: int, done: Done) -> RunResult:
+        if self.api != "chat":
+            http = apis.client(self.api, self.socket, self.url, self.api_key)
+            return self._guarded(apis.run_streams(self.api, http, self.model, messages, max_tokens, done))
         return self._guarded(_run_streams(self._client(), self.model, messages, max_tokens, done))
 
     def _guarded(self, run: Coroutine[Any, Any, R]) -> R:
@@ -240,7 +247,7 @@ def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]]
     (name, arguments JSON text)); None where the target cannot be asked (the raw loop)."""
     if isinstance(target, EngineTarget):
         return [_engine_tool_reply(target.engine, m, tools, max_tokens) for m in messages]
-    if isinstance(target, ServerTarget):
+    if isinstance(target, ServerTarget) and target.api == "chat":  # the other APIs are measured for speed only
         return target._guarded(_server_tool_replies(target, messages, tools, max_tokens))
     return [None] * len(messages)
 
