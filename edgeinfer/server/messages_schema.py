@@ -250,6 +250,7 @@ class MessagesRequest(MessagesBody):
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
+    ignore_eos: bool = False  # edgeinfer's extension, as in chat completions: run to max_tokens (benchmarks)
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
 

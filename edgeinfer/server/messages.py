@@ -1,0 +1,330 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+A request is translated at the door into the one internal request (schema.ChatRequest: a system
+message, assistant turns whose tool_use blocks become tool_calls with their ids, tool_result blocks
+become tool messages with their tool_call_id) and runs through the same path as chat completions
+(streaming.run_chat: template, grammar, packed decode, prefix cache). What comes back is the neutral
+event stream of server/output.py, rendered here as Anthropic's message or its SSE events; nothing
+here reads the model's text for tool calls.
+
+usage.input_tokens counts the prompt tokens the engine computed, as Anthropic counts them:
+the tokens restored from the prefix cache are cache_read_input_tokens, apart (their sum is the
+prompt's length, what count_tokens returns); cache_creation_input_tokens is always 0, since
+every prompt is kept for reuse without being asked.
+
+Every error on these paths is in Anthropic's envelope, {"type": "error", "error": {"type", "message"}}:
+this module registers it for /v1/messages in state.ERROR_SHAPES, which the app's handlers follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from edgeinfer.errors import RequestError
+from edgeinfer.server.messages_schema import (
+    CountTokensRequest,
+    MessageParam,
+    MessagesBody,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
+from edgeinfer.server.run import chat_input, check_model, run_chat
+from edgeinfer.server.schema import ChatRequest
+from edgeinfer.server.state import ERROR_SHAPES, authorized, server_state
+
+# --- errors ---------------------------------------------------------------------
+
+# Anthropic's error type for each HTTP status edgeinfer answers with.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",  # queue full, model loading, shutting down: worth a retry
+}
+
+
+def error_body(
+    status: int, message: str, type_: str = "", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """Anthropic's error envelope; its error type follows from the status (type_, param and code,
+    OpenAI's vocabulary, are what the app's handlers know: the message already names the field)."""
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# Every error answered on /v1/messages and below (a body that fails validation, a wrong key, an
+# engine error, an unknown path) is in Anthropic's envelope.
+ERROR_SHAPES["/v1/messages"] = error_body
+
+
+# --- the request, translated ----------------------------------------------------
+
+SEPARATOR = "\n\n"  # between the text blocks of one message or of the system prompt
+
+
+def to_chat(body: MessagesBody) -> ChatRequest:
+    """The internal request a Messages body stands for (max_tokens and sampling only from a MessagesRequest)."""
+    messages: list[dict[str, Any]] = []
+    system = body.system if not isinstance(body.system, list) else SEPARATOR.join(b.text for b in body.system)
+    if system:
+        messages.append({"role": "system", "content": system})
+    calls: dict[str, str] = {}  # the tool_use ids made so far, to their tool's name: a tool_result answers one
+    for i, m in enumerate(body.messages):
+        messages.extend(_turn(i, m, calls))
+    values: dict[str, Any] = {"model": body.model, "messages": messages}
+    if body.tools:
+        values["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
+            for t in body.tools
+        ]
+        choice = body.tool_choice
+        if choice is not None and choice.type == "tool":
+            values["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        elif choice is not None:
+            values["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+        # Anthropic's default is parallel calls; disable_parallel_tool_use holds the answer to one.
+        values["parallel_tool_calls"] = not (choice is not None and choice.disable_parallel_tool_use)
+    if body.output_config is not None and body.output_config.format is not None:
+        schema = body.output_config.format.schema_
+        values["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    if isinstance(body, MessagesRequest):
+        values["max_tokens"] = body.max_tokens
+        values["stream"] = body.stream
+        values["ignore_eos"] = body.ignore_eos
+        if body.stop_sequences:
+            values["stop"] = body.stop_sequences
+        # Unset sampling fields keep edgeinfer's defaults, as they do for chat completions.
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(body, name) is not None:
+                values[name] = getattr(body, name)
+    try:
+        return ChatRequest.model_validate(values)
+    except ValidationError as e:  # a bound of the internal request that Anthropic's shape does not show
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        raise RequestError(
+            f"the conversation, translated, breaks a limit of the chat request: {where}: {err.get('msg')}"
+        ) from None
+
+
+def _turn(i: int, m: MessageParam, calls: dict[str, str]) -> list[dict[str, Any]]:
+    """One Messages turn as chat messages: an assistant turn is one message (text and tool_calls);
+    a user turn is its tool results, each a tool message, and its text, in the order sent."""
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    if m.role == "assistant":
+        uses = [b for b in m.content if isinstance(b, ToolUseBlock)]
+        calls.update((b.id, b.name) for b in uses)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": SEPARATOR.join(b.text for b in m.content if isinstance(b, TextBlock)),
+        }
+        if uses:
+            message["tool_calls"] = [
+                {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                for b in uses
+            ]
+        return [message]
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    for j, b in enumerate(m.content):
+        if isinstance(b, ToolResultBlock):
+            if b.tool_use_id not in calls:
+                raise RequestError(
+                    f"messages.{i}.content.{j}: tool_result answers tool_use_id {b.tool_use_id!r}, which no earlier "
+                    "assistant tool_use block has; send the assistant turn with that tool_use before its result",
+                    f"messages.{i}.content.{j}.tool_use_id",
+                )
+            if text:
+                out.append({"role": "user", "content": SEPARATOR.join(text)})
+                text = []
+            out.append(
+                {"role": "tool", "tool_call_id": b.tool_use_id, "name": calls[b.tool_use_id], "content": b.text()}
+            )
+        elif isinstance(b, TextBlock):
+            text.append(b.text)
+    if text or not out:
+        out.append({"role": "user", "content": SEPARATOR.join(text)})
+    return out
+
+
+# --- the answer, rendered --------------------------------------------------------
+
+STOP_REASONS = {
+    "stop": "end_turn",
+    "stop_sequence": "stop_sequence",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "cancelled": "end_turn",  # its client left, or the shutdown grace ran out (then an error event follows)
+    "error": "end_turn",  # answered with an error instead
+}
+
+
+def tool_use_id(call_id: str) -> str:
+    """Anthropic's id for a call: the neutral id's random part behind toolu_."""
+    return "toolu_" + call_id.split("_", 1)[-1]
+
+
+def usage(done: list[Done]) -> dict[str, int]:
+    stats = done[0].finish.stats
+    return {
+        "input_tokens": stats.prompt_tokens - stats.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": stats.cached_tokens,
+        "output_tokens": sum(d.finish.stats.completion_tokens for d in done),
+    }
+
+
+def _sse(event: dict[str, Any]) -> dict[str, str]:
+    """One SSE item: the event's type is its SSE name too (the SDK reads only named events)."""
+    return {"event": event["type"], "data": json.dumps(event)}
+
+
+class MessagesDialect:
+    """The neutral events of one answer as Anthropic's message (whole) or its stream of events.
+
+    Blocks open as their events come: text (or thinking) deltas go into the open block of their kind
+    or open a new one; a tool call is a tool_use block of its own, its input sent as one
+    input_json_delta (calls come whole from output.py, once made).
+    """
+
+    terminal: str | None = None  # no [DONE]: message_stop ends the stream
+
+    def __init__(self, model: str, prompt_tokens: int = 0) -> None:
+        self.model = model
+        self.prompt_tokens = prompt_tokens  # for message_start; message_delta gives the final figures
+        self.id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.blocks = 0  # content blocks opened so far
+        self.open: str | None = None  # the kind of the open block: "text", "thinking", or None
+        self.failed = False  # an error event was sent: it ends the stream, nothing follows it
+
+    def _message(self, content: list[dict[str, Any]], reason: str | None, seq: str | None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": seq,
+        }
+
+    def start(self, n: int) -> list[dict[str, str]]:
+        first = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
+        first |= {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        return [_sse({"type": "message_start", "message": {**self._message([], None, None), "usage": first}})]
+
+    def _close(self) -> list[dict[str, str]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [_sse({"type": "content_block_stop", "index": self.blocks - 1})]
+
+    def _open(self, block: dict[str, Any]) -> list[dict[str, str]]:
+        out = self._close()
+        out.append(_sse({"type": "content_block_start", "index": self.blocks, "content_block": block}))
+        if self.blocks == 0:
+            out.append(_sse({"type": "ping"}))
+        self.blocks += 1
+        return out
+
+    def on(self, ev: Event) -> list[dict[str, str]]:
+        if self.failed:
+            return []
+        if isinstance(ev, TextDelta | ReasoningDelta):
+            if not ev.text:
+                return []
+            kind = "text" if isinstance(ev, TextDelta) else "thinking"
+            out = [] if self.open == kind else self._open({"type": "text", "text": ""} if kind == "text" else _THINKING)
+            self.open = kind
+            delta = {"type": "text_delta", "text": ev.text} if kind == "text" else _thinking_delta(ev.text)
+            return [*out, _sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta})]
+        if isinstance(ev, ToolCall):
+            block = {"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": {}}
+            out = self._open(block)
+            delta = {"type": "input_json_delta", "partial_json": ev.arguments}
+            out.append(_sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}))
+            out.append(_sse({"type": "content_block_stop", "index": self.blocks - 1}))
+            return out
+        return self._close()  # Done: the last block ends; end() says why
+
+    def end(self, done: list[Done]) -> list[dict[str, str]]:
+        d = done[0]
+        if self.failed:
+            return []
+        delta = {"stop_reason": STOP_REASONS[d.reason], "stop_sequence": d.stop_sequence}
+        return [
+            _sse({"type": "message_delta", "delta": delta, "usage": usage(done)}),
+            _sse({"type": "message_stop"}),
+        ]
+
+    def error_event(self, message: str, code: str) -> dict[str, str]:
+        self.failed = True
+        return _sse(error_body(503 if code == "shutting_down" else 500, message))
+
+    def response(self, done: list[Done], events: list[Event]) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        for ev in events:
+            if isinstance(ev, TextDelta | ReasoningDelta) and ev.text:
+                kind, field = ("text", "text") if isinstance(ev, TextDelta) else ("thinking", "thinking")
+                if content and content[-1]["type"] == kind:
+                    content[-1][field] += ev.text
+                else:
+                    content.append(
+                        {"type": "text", "text": ev.text} if kind == "text" else {**_THINKING, field: ev.text}
+                    )
+            elif isinstance(ev, ToolCall):
+                content.append(
+                    {"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": json.loads(ev.arguments)}
+                )
+        d = done[0]
+        return {**self._message(content, STOP_REASONS[d.reason], d.stop_sequence), "usage": usage(done)}
+
+    def error_response(self, status: int, message: str, code: str) -> JSONResponse:
+        return JSONResponse(error_body(status, message), status_code=status)
+
+
+_THINKING = {"type": "thinking", "thinking": "", "signature": ""}  # no signature: nothing here signs reasoning
+
+
+def _thinking_delta(text: str) -> dict[str, str]:
+    return {"type": "thinking_delta", "thinking": text}
+
+
+# --- the routes -------------------------------------------------------------------
+
+router = APIRouter(dependencies=[Depends(authorized)])
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request, body: MessagesRequest) -> Any:
+    state = server_state(request)
+    req = to_chat(body)
+    return await run_chat(request, state, req, lambda n: MessagesDialect(state.model_id, n), body.stream)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, int]:
+    """The prompt's length in tokens, as /v1/messages would render it: system, messages, tools."""
+    state = server_state(request)
+    engine = state.ready()
+    req = to_chat(body)
+    check_model(req.model, state.model_id)
+    prompt, _ = await asyncio.to_thread(chat_input, engine, req)
+    return {"input_tokens": len(prompt)}
