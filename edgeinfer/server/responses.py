@@ -1,0 +1,224 @@
+"""OpenAI's Responses API, `POST /v1/responses` and GET/DELETE `/v1/responses/{id}`: a thin translation.
+
+A request becomes the internal ChatRequest (instructions a system message, `message` items
+messages, `function_call` items an assistant's tool_calls with their call ids,
+`function_call_output` items tool messages with `tool_call_id`) and runs through the same
+path as chat completions: one packed batch, grammar, prefix cache. The answer comes back as
+the neutral event stream, which responses_render.py turns into a Response object or the typed
+SSE events; responses_store.py keeps finished responses for `previous_response_id`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
+
+from edgeinfer.errors import RequestError
+from edgeinfer.server.responses_render import ResponsesDialect
+from edgeinfer.server.responses_schema import (
+    FormatJsonSchema,
+    FormatText,
+    FunctionTool,
+    NamedFunction,
+    ResponsesRequest,
+    parse_items,
+    parse_tool_choice,
+    parse_tools,
+)
+from edgeinfer.server.responses_store import MAX_RESPONSES, ResponseStore, Stored
+from edgeinfer.server.run import run_chat
+from edgeinfer.server.schema import ChatRequest
+from edgeinfer.server.state import authorized, server_state
+
+# --- to the internal request ---------------------------------------------------------
+
+
+def _text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", p.get("refusal", "")) for p in content)
+
+
+def chat_messages(instructions: str | None, items: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
+    """Checked items as chat messages: function_call items join the assistant message before them as
+    tool_calls; function_call_output items become tool messages answering a call made earlier.
+    `first` is the index of the request's own first item in `items` (earlier ones came from the store)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    calls: set[str] = set()
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _text(item["content"])})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"]}}
+            call["function"]["arguments"] = item["arguments"]
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+            calls.add(item["call_id"])
+        elif kind == "function_call_output":
+            if item["call_id"] not in calls:
+                where = f"input[{i - first}]"
+                raise RequestError(
+                    f"{where} is the output of call {item['call_id']!r}, which matches no earlier function_call; "
+                    "send the function_call item before its output (or previous_response_id)",
+                    f"{where}.call_id",
+                )
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
+    if not any(m["role"] != "system" for m in messages):
+        raise RequestError("input is empty: send a string or at least one message item", "input")
+    return messages
+
+
+def to_chat(req: ResponsesRequest, tools: list[FunctionTool], items: list[dict[str, Any]], first: int) -> ChatRequest:
+    """The internal request: the one the chat completions endpoint runs."""
+    choice = parse_tool_choice(req.tool_choice, tools)
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": chat_messages(req.instructions, items, first),
+        "stream": req.stream,
+        "max_tokens": req.max_output_tokens,
+        "parallel_tool_calls": bool(req.parallel_tool_calls),
+    }
+    if req.ignore_eos:
+        body["ignore_eos"] = True
+    for name in ("temperature", "top_p", "seed"):
+        if getattr(req, name) is not None:
+            body[name] = getattr(req, name)
+    if tools:
+        body["tools"] = [
+            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in tools
+        ]
+    if isinstance(choice, NamedFunction):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None:
+        body["tool_choice"] = choice
+    fmt = req.text.format if req.text else None
+    if isinstance(fmt, FormatJsonSchema):
+        schema = {"name": fmt.name, "schema": fmt.schema_, "description": fmt.description, "strict": fmt.strict}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif fmt is not None:
+        body["response_format"] = {"type": fmt.type}
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as e:  # the checks above should leave nothing; say what remains plainly
+        err = e.errors()[0]
+        raise RequestError(str(err["msg"]).removeprefix("Value error, ")) from None
+
+
+def echo(req: ResponsesRequest, chat: ChatRequest, tools: list[FunctionTool]) -> dict[str, Any]:
+    """The request fields a Response object repeats, as applied (sampling defaults included)."""
+    fmt = req.text.format if req.text is not None and req.text.format is not None else FormatText(type="text")
+    text: dict[str, Any] = {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
+    if req.text is not None and req.text.verbosity is not None:
+        text["verbosity"] = req.text.verbosity
+    choice: Any = req.tool_choice or "auto"
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": chat.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.stored,
+        "temperature": chat.temperature,
+        "text": text,
+        "tool_choice": choice,
+        "tools": [t.model_dump() for t in tools],
+        "top_p": chat.top_p,
+        "truncation": req.truncation or "disabled",
+        "user": req.user,
+    }
+
+
+UNSERVED = {
+    "conversation": "is not served (there is no conversations API here); continue with previous_response_id",
+    "prompt": "(a reusable prompt kept on OpenAI's servers) is not served here; send instructions and input",
+}
+
+# --- the endpoints --------------------------------------------------------------
+
+router = APIRouter(dependencies=[Depends(authorized)])
+
+
+class ResponseNotFound(RequestError):
+    http_status = 404
+    code = "not_found"
+
+
+def store_of(request: Request) -> ResponseStore:
+    """The app's response store, made at first use (it lives as long as the server)."""
+    app_state = request.app.state
+    store: ResponseStore | None = getattr(app_state, "responses", None)
+    if store is None:
+        store = app_state.responses = ResponseStore()
+    return store
+
+
+def _stored(request: Request, response_id: str, param: str | None = None) -> Stored:
+    entry = store_of(request).get(response_id)
+    if entry is None:
+        raise ResponseNotFound(
+            f"no response with id {response_id!r}: it was never stored (store: false), was deleted, "
+            f"or was evicted (the server keeps the last {MAX_RESPONSES} responses) or the server restarted",
+            param,
+        )
+    return entry
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request, req: ResponsesRequest) -> Any:
+    state = server_state(request)
+    for name in ("conversation", "prompt"):
+        if getattr(req, name) is not None:
+            raise RequestError(f"{name} {UNSERVED[name]}", name)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prev = _stored(request, req.previous_response_id, "previous_response_id")
+        history = [*prev.history, *prev.response["output"]]
+    items = [*history, *parse_items(req.input)]
+    tools = parse_tools(req.tools)
+    chat = to_chat(req, tools, items, len(history))
+    store = store_of(request)
+    keep = (lambda response: store.put(response, items)) if req.stored else None
+    dialect = ResponsesDialect(state.model_id, echo(req, chat, tools), keep)
+    return await run_chat(request, state, chat, lambda _: dialect, req.stream)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> dict[str, Any]:
+    return _stored(request, response_id).response
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    _stored(request, response_id)
+    store_of(request).delete(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def input_items(
+    request: Request, response_id: str, limit: int = 20, order: str = "desc", after: str | None = None
+) -> dict[str, Any]:
+    """The items the response answered (earlier responses' in its chain included), as OpenAI lists them."""
+    if not 1 <= limit <= 100:
+        raise RequestError("limit must be between 1 and 100", "limit")
+    if order not in ("asc", "desc"):
+        raise RequestError('order must be "asc" or "desc"', "order")
+    items = list(_stored(request, response_id).history)
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        at = next((i for i, item in enumerate(items) if item.get("id") == after), None)
+        if at is None:
+            raise RequestError(f"after: no item {after!r} in this response's input", "after")
+        items = items[at + 1 :]
+    page = items[:limit]
+    first, last = (page[0].get("id"), page[-1].get("id")) if page else (None, None)
+    return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": len(items) > limit}
