@@ -189,7 +189,7 @@ def test_nothing_follows_an_error_event():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     sock = tmp_path_factory.mktemp("msg") / "edgeinfer.sock"
-    proc = start_server(sock, "--parallel", "4", "--api-key", KEY)
+    proc = start_server(sock, "--parallel", "4", "--api-key", KEY, "--max-body-mb", "1")
     yield sock
     stop_process(proc)
 
@@ -274,6 +274,12 @@ def test_tool_use_then_tool_result_then_a_text_answer(claude, called):
     [use] = [b for b in called.content if b.type == "tool_use"]
     assert use.id.startswith("toolu_") and use.name == "get_weather"
     jsonschema.validate(use.input, WEATHER["input_schema"])
+    # count_tokens counts the tools' description too, as /v1/messages renders it.
+    bare = claude.messages.count_tokens(model=MODEL, messages=TOOL_TURN["messages"]).input_tokens
+    assert (
+        claude.messages.count_tokens(model=MODEL, messages=TOOL_TURN["messages"], tools=[WEATHER]).input_tokens
+        > bare + 20
+    )
     answer = claude.messages.create(
         model=MODEL,
         max_tokens=30,
@@ -451,6 +457,9 @@ def test_other_errors_and_the_server_still_serves(server, claude):
     ]:
         r = http.request(method, path)
         assert r.status_code == status and r.json()["error"]["type"] == kind, r.text
+    big = json.dumps({"model": MODEL, "max_tokens": 4, "messages": user("x" * 2**20)}).encode()
+    r = http.post("/v1/messages", content=(big[i : i + 65536] for i in range(0, len(big), 65536)))  # chunked
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large", r.text
     with pytest.raises(anthropic.NotFoundError, match="not served here"):
         claude.messages.create(model="claude-opus-4", messages=HI, max_tokens=4)
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
