@@ -16,7 +16,7 @@ from edgeinfer.errors import RequestError
 from edgeinfer.events import Finish, StreamStats
 from edgeinfer.server.messages import MessagesDialect, to_chat
 from edgeinfer.server.messages_schema import CountTokensRequest, MessagesRequest, ToolResultBlock
-from edgeinfer.server.output import Done, TextDelta, ToolCall
+from edgeinfer.server.output import Done, ReasoningDelta, TextDelta, ToolCall
 
 from .conftest import stop_process
 from .test_server import raw, start_server
@@ -171,6 +171,18 @@ def test_stop_reasons(reason, seq, want):
     done = Done(0, reason, finish(reason if reason != "stop_sequence" else "stop", stop_sequence=seq), seq)
     msg = Message.model_validate(MessagesDialect("m").response([done], [TextDelta(0, "hi"), done]))
     assert (msg.stop_reason, msg.stop_sequence) == (want, seq)
+
+
+def test_reasoning_is_a_thinking_block_before_the_text():
+    """Nothing emits ReasoningDelta yet (issue 28); its rendering is ready and parses in the SDK."""
+    d = MessagesDialect("m")
+    done = Done(0, "stop", finish())
+    evs = [ReasoningDelta(0, "Paris is "), ReasoningDelta(0, "the capital."), TextDelta(0, "Paris."), done]
+    items = d.start(1) + [item for ev in evs for item in d.on(ev)] + d.end([done])
+    names = [n for n, _ in events_of(items)]
+    assert names.count("content_block_start") == 2 and names.count("content_block_stop") == 2
+    msg = Message.model_validate(MessagesDialect("m").response([done], evs))
+    assert [b.type for b in msg.content] == ["thinking", "text"] and msg.content[0].thinking == "Paris is the capital."
 
 
 def test_nothing_follows_an_error_event():
