@@ -17,7 +17,7 @@ from edgeinfer.engine import Engine, make_engine
 from edgeinfer.errors import EdgeInferError, EngineClosedError, QueueFullError
 from edgeinfer.models.catalog import model_id_of
 from edgeinfer.options import EngineConfig
-from edgeinfer.server import messages, openai_chat, responses, routes
+from edgeinfer.server import messages, openai_chat, responses, routes, utility
 from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from edgeinfer.server.state import ServerState, error_response
 
@@ -27,6 +27,7 @@ ROUTERS = [
     openai_chat.router,  # OpenAI's chat and text completions
     responses.router,  # OpenAI's Responses API
     messages.router,  # Anthropic's Messages API
+    utility.router,  # llama-server's /tokenize, /detokenize, /apply-template; OpenAI's /v1/embeddings
 ]
 
 
