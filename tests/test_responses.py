@@ -252,10 +252,17 @@ def test_stream_sends_the_typed_events_in_order(oai, server):
 
 def test_function_call_round_trip(oai):
     question = "What is the weather in Paris?"
-    first = oai.responses.create(
+    # Streamed: the SDK assembles the call from its events; the stored response is what later turns continue.
+    with oai.responses.stream(
         model=MODEL, input=question, tools=TOOLS, tool_choice="required", temperature=0, max_output_tokens=64
-    )
+    ) as stream:
+        events = list(stream)
+        first = stream.get_final_response()
+    streamed = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     calls = [o for o in first.output if o.type == "function_call"]
+    assert streamed == calls[0].arguments
+    kept = oai.responses.retrieve(first.id).output
+    assert [(o.id, o.call_id, o.arguments) for o in kept] == [(o.id, o.call_id, o.arguments) for o in calls]
     assert calls and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
     result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny and 22 C."}
@@ -343,6 +350,7 @@ MALFORMED = [
     ({"model": MODEL, "input": "hi", "text": {"format": {"type": "xml"}}}, 400, "format"),
     ({"model": MODEL, "input": "hi", "temperature": 5}, 400, "temperature"),
     ({"model": MODEL, "input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens"),
+    ({"model": MODEL, "input": "hi", "max_output_tokens": 100_000}, 400, "max_output_tokens is 100000"),
     ({"model": MODEL, "input": "hi", "background": True}, 400, "background"),
     ({"model": MODEL, "input": "hi", "frobnicate": 1}, 400, "frobnicate"),
     ({"model": MODEL, "input": "hi", "metadata": {"k": 1}}, 400, "metadata"),

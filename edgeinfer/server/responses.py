@@ -136,6 +136,7 @@ def echo(req: ResponsesRequest, chat: ChatRequest, tools: list[FunctionTool]) ->
     }
 
 
+OUR_NAMES = {"max_tokens": "max_output_tokens", "prompt": "input"}  # chat's field -> this API's
 UNSERVED = {
     "conversation": "is not served (there is no conversations API here); continue with previous_response_id",
     "prompt": "(a reusable prompt kept on OpenAI's servers) is not served here; send instructions and input",
@@ -187,7 +188,12 @@ async def create_response(request: Request, req: ResponsesRequest) -> Any:
     store = store_of(request)
     keep = (lambda response: store.put(response, items)) if req.stored else None
     dialect = ResponsesDialect(state.model_id, echo(req, chat, tools), keep)
-    return await run_chat(request, state, chat, lambda _: dialect, req.stream)
+    try:
+        return await run_chat(request, state, chat, lambda _: dialect, req.stream)
+    except RequestError as e:  # the engine's door names chat's fields: say them as this API does
+        if e.param in OUR_NAMES:
+            raise RequestError(str(e).replace(e.param, OUR_NAMES[e.param], 1), OUR_NAMES[e.param]) from None
+        raise
 
 
 @router.get("/v1/responses/{response_id}")

@@ -137,6 +137,7 @@ class OutputText(_Strict):
     text: str
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
+    parsed: Any = None  # the SDK's parse helpers add it to an output sent back as input; ignored
 
 
 class Refusal(_Strict):
@@ -163,6 +164,7 @@ class FunctionCallItem(_Strict):
     arguments: str  # JSON text
     id: str | None = None
     status: str | None = None
+    parsed_arguments: Any = Field(None, exclude=True)  # added by the SDK's stream and parse helpers; ignored
 
     @field_validator("arguments")
     @classmethod
