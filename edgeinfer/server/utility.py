@@ -127,10 +127,15 @@ def _kind(x: Any) -> str:
 @router.post("/tokenize")
 async def tokenize(request: Request, req: TokenizeRequest) -> dict[str, Any]:
     engine = server_state(request).ready()
-    ids = await asyncio.to_thread(engine.vocab.tokenize, req.content, req.add_special, req.parse_special)
+    # Off the event loop: a body of megabytes is millions of tokens.
+    return {"tokens": await asyncio.to_thread(_tokens, engine, req)}
+
+
+def _tokens(engine: Engine, req: TokenizeRequest) -> list[int] | list[dict[str, Any]]:
+    ids = engine.vocab.tokenize(req.content, req.add_special, req.parse_special)
     if not req.with_pieces:
-        return {"tokens": ids}
-    return {"tokens": [{"id": t, "piece": _piece(engine.vocab.piece(t, special=True))} for t in ids]}
+        return ids
+    return [{"id": t, "piece": _piece(engine.vocab.piece(t, special=True))} for t in ids]
 
 
 def _piece(data: bytes) -> str | list[int]:
