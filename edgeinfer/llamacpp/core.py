@@ -62,7 +62,10 @@ def init_backend() -> None:
             # GPU backend) keeps them beside libllama: load the best for this machine before a model.
             lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(C.__file__).parent / "lib")
             if any(lib.glob("libggml-cpu-*.so")):  # through libllama's own libggml: dlsym searches its needs
-                ggml.lib().ggml_backend_load_all_from_path(str(lib).encode())
+                try:
+                    ggml.load_backends(lib, os.environ.get(ggml.CPU_VARIANT_ENV))
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
             _initialised = True
 
 

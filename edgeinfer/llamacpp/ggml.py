@@ -14,6 +14,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
@@ -22,6 +23,7 @@ _vp, _sz, _s = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
 _ABORT_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ggml_backend_load_all_from_path": (None, [_s]),
+    "ggml_backend_load": (_vp, [_s]),
     "ggml_backend_reg_by_name": (_vp, [_s]),
     "ggml_backend_reg_get_proc_address": (_vp, [_vp, _s]),
     "ggml_backend_reg_dev_count": (_sz, [_vp]),
@@ -51,6 +53,53 @@ def lib() -> Any:
     """libllama with the ggml functions edgeinfer calls declared (argument and result types)."""
     assert _lib_cache is not None, "edgeinfer.llamacpp.core binds the library on import"
     return _lib_cache
+
+
+# --- loadable backends ------------------------------------------------------
+# The portable build keeps ggml's CPU kernels as one library per x86-64 level (libggml-cpu-haswell.so
+# for AVX2, -skylakex/-icelake/-zen4 for AVX-512, ...) and loads the best this CPU runs. Each level
+# rounds differently, so EDGEINFER_CPU_VARIANT=NAME loads that one instead: on an AVX-512 machine
+# `haswell` reproduces an AVX2 machine's numerics (README, Testing).
+
+CPU_VARIANT_ENV = "EDGEINFER_CPU_VARIANT"
+
+
+def cpu_variants(lib_dir: Path) -> list[str]:
+    """The CPU variants a build ships that this CPU runs, worst to best by ggml's own score."""
+    scored = []
+    for path in lib_dir.glob("libggml-cpu-*.so"):
+        score = ctypes.CDLL(str(path)).ggml_backend_score  # each variant scores itself, as ggml does to pick one
+        score.restype = ctypes.c_int
+        if s := score():
+            scored.append((s, path.name.removeprefix("libggml-cpu-").removesuffix(".so")))
+    return [name for _, name in sorted(scored)]
+
+
+def load_backends(lib_dir: Path, cpu_variant: str | None) -> None:
+    """Load the build's backends from lib_dir: the best of each, or the named CPU variant and the rest."""
+    if not cpu_variant:
+        lib().ggml_backend_load_all_from_path(str(lib_dir).encode())
+        return
+    path = lib_dir / f"libggml-cpu-{cpu_variant}.so"
+    if not path.is_file() or not lib().ggml_backend_load(str(path).encode()):
+        why = "this build has no such variant" if not path.is_file() else "this CPU lacks the instructions it needs"
+        raise ValueError(
+            f"{CPU_VARIANT_ENV}={cpu_variant}: {why}; this CPU runs {', '.join(cpu_variants(lib_dir))} "
+            "(the last is the best, loaded when the variable is unset)"
+        )
+    for other in sorted(lib_dir.glob("libggml-*.so")):  # the other backends (RPC, a GPU's): one build each
+        if not other.name.startswith(("libggml-cpu-", "libggml-base")):
+            lib().ggml_backend_load(str(other).encode())
+
+
+def loaded_cpu_variant() -> str | None:
+    """The CPU variant this process runs (read from its mapped libraries); None for a build without variants."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    found = re.search(r"libggml-cpu-([\w.]+)\.so", maps)
+    return found.group(1) if found else None
 
 
 def device_name(dev: int) -> str:
