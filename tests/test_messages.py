@@ -100,6 +100,17 @@ def test_tool_choice_maps_onto_chat(choice, want):
     assert req.tool_choice == want and req.parallel_tool_calls is True  # Anthropic's default
 
 
+def test_output_config_format_is_chats_json_schema_response_format():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    req = to_chat(
+        body(
+            messages=[{"role": "user", "content": "hi"}],
+            output_config={"format": {"type": "json_schema", "schema": schema}},
+        )
+    )
+    assert req.response_format.type == "json_schema" and req.response_format.json_schema.schema_ == schema
+
+
 def test_a_tool_result_without_its_tool_use_is_refused():
     result = {"type": "tool_result", "tool_use_id": "toolu_x", "content": "42", "is_error": True}
     with pytest.raises(RequestError, match="toolu_x"):
