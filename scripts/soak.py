@@ -182,11 +182,11 @@ async def in_flight_at_sigterm(soak: Soak, proc: subprocess.Popen[str], streams:
 def recheck(path: Path, flash_attn: str) -> int:
     """--check-answers: the near-tie check alone, on answers a soak saved."""
     texts = {p: set(t) for p, t in json.loads(path.read_text()).items()}
-    ties, gaps = check_greedy_texts(texts, flash_attn, GREEDY_TOKENS)
+    ties, gaps, drift = check_greedy_texts(texts, flash_attn, GREEDY_TOKENS)
     print(f"{sum(map(len, texts.values()))} answers; parting other than at near-ties: {len(ties)}")
     for line in ties[:10]:
         print(f"  {line}")
-    print(f"  {tie_summary(gaps)}")
+    print(f"  {tie_summary(gaps)}\n  {drift}")
     return 1 if ties else 0
 
 
@@ -275,7 +275,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
         texts[p].add(t)
     answers_file = sock.parent / "greedy-answers.json"
     answers_file.write_text(json.dumps({p: sorted(t) for p, t in texts.items()}, indent=1))
-    ties, gaps = check_greedy_texts(texts, args.flash_attn, GREEDY_TOKENS)
+    ties, gaps, drift = check_greedy_texts(texts, args.flash_attn, GREEDY_TOKENS)
     checks["every greedy answer equals the alone one, or parts from it only at near-ties"] = not ties
     if args.strict_text:
         checks["streamed text == whole text (greedy)"] = not mismatched
@@ -299,7 +299,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     n_texts = sum(map(len, texts.values()))
     print(f"distinct greedy answers: {n_texts} for {len(texts)} prompts (in {answers_file}); ", end="")
     print(f"parting from the alone answer other than at near-ties: {len(ties)}")
-    print(f"  {tie_summary(gaps)}")
+    print(f"  {tie_summary(gaps)}\n  {drift}")
     for line in ties[:10]:
         print(f"  {line}")
     print(f"server exit status {code}")

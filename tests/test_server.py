@@ -62,10 +62,25 @@ def msgs(text):
     return [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": text}]
 
 
+# A question whose greedy answer holds on every CPU: each token of "The capital of France is Paris."
+# and its end led the runner-up by 2.9 nats or more on AVX2 (haswell, cold and from the prefix cache);
+# batch shapes move such gaps by well under one nat (tests/conftest.py, drift_of). The plain "What is
+# the capital of France?" opened with a near-tie there ("La" 0.13 nats over "The") and answered in French.
+CAPITAL = "What is the capital of France? Answer with one word."
+WIDE_NATS = 1.0
+
+
 def test_chat_completion(oai):
     r = oai.chat.completions.create(
-        model=MODEL, messages=msgs("What is the capital of France?"), temperature=0, max_tokens=20
+        model=MODEL, messages=msgs(CAPITAL), temperature=0, max_tokens=20, logprobs=True, top_logprobs=2
     )
+    for i, t in enumerate(r.choices[0].logprobs.content):
+        margin = t.top_logprobs[0].logprob - t.top_logprobs[1].logprob
+        assert margin >= WIDE_NATS, (
+            f"token {i} ({t.token!r}) leads the runner-up ({t.top_logprobs[1].token!r}) by only {margin:.2f} nats on "
+            f"this CPU: the answer is a near-tie here, so this test cannot check it; choose a question whose "
+            f"every token leads by {WIDE_NATS} nats"
+        )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens > 10 and 0 < r.usage.completion_tokens <= 20
