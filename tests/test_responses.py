@@ -101,6 +101,18 @@ def test_streamed_call_follows_the_text_and_a_cut_answer_is_incomplete():
     assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
 
 
+def test_a_failed_stream_ends_in_response_failed():
+    done = _done("error", "par")
+    done.finish.error = "llama_decode failed"
+    events = _stream([TextDelta(0, "par"), done])
+    assert events[-1]["type"] == "response.failed" and events[-2]["item"]["status"] == "incomplete"
+    final = Response.model_validate(events[-1]["response"])
+    assert final.status == "failed" and final.error.message == "llama_decode failed"
+    d = ResponsesDialect("m", {})
+    error = json.loads(d.error_event("the server is shutting down", "shutting_down")["data"])
+    assert EVENTS["error"].model_validate(error).code == "shutting_down"
+
+
 def test_whole_response_and_an_empty_answer():
     d = ResponsesDialect("m", {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False})
     call = ToolCall(0, 0, "call_9", "f", "{}")
@@ -207,7 +219,7 @@ def test_create_text_is_what_chat_completions_answers(oai):
     messages = [{"role": "system", "content": ASSISTANT}, {"role": "user", "content": "What is the capital of France?"}]
     # Compared once the prompt is in the prefix cache: a prompt prefilled whole and one restored may
     # part where the top two tokens nearly tie (llama.cpp's kernels round by batch shape).
-    oai.responses.create(**kw, max_output_tokens=24)
+    oai.responses.create(**kw, max_output_tokens=1)
     chat = oai.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=24)
     r = oai.responses.create(**kw, max_output_tokens=24)
     assert r.id.startswith("resp_") and r.object == "response"
@@ -242,11 +254,12 @@ def test_stream_sends_the_typed_events_in_order(oai, server):
     assert deltas and deltas == final.output_text
     assert final.usage.output_tokens > 0 and final.status == types[-1].removeprefix("response.")
     # On the wire: each SSE event named as its type, and no [DONE] sentinel.
-    with raw(server).stream("POST", "/v1/responses", json={**kw, "stream": True}) as r:
+    with raw(server).stream("POST", "/v1/responses", json={**kw, "stream": True, "max_output_tokens": 8}) as r:
         lines = [ln for ln in r.iter_lines() if ln]
     names = [ln[len("event: ") :] for ln in lines if ln.startswith("event:")]
     data = [json.loads(ln[len("data: ") :]) for ln in lines if ln.startswith("data:")]
-    assert names == [d["type"] for d in data] and names[0] == "response.created" and names[-1] == types[-1]
+    assert names == [d["type"] for d in data] and names[0] == "response.created"
+    assert names[-1] in ("response.completed", "response.incomplete")
     assert not any("[DONE]" in ln for ln in lines)
 
 
@@ -380,11 +393,17 @@ def test_malformed_bodies_are_4xx_in_openai_shape(server):
 
 def test_agents_sdk_runs_a_two_tool_loop(server):
     """The Agents SDK's default model class over the socket: the model calls both tools (named in turn,
-    so that the 135M model's choice is not left to chance), and its answer is the run's final output."""
+    so that the 135M model's choice is not left to chance), then answers in the agent's output type
+    (text.format json_schema: free text after a tool history, a small model imitates another call)."""
     import agents
+    from pydantic import BaseModel, Field
 
     agents.set_tracing_disabled(True)
     called: list[tuple[str, str]] = []
+
+    class Report(BaseModel):
+        weather: str = Field(max_length=40)
+        time: str = Field(max_length=40)
 
     @agents.function_tool
     def get_weather(city: str) -> str:
@@ -399,7 +418,7 @@ def test_agents_sdk_runs_a_two_tool_loop(server):
         return f"It is 14:05 in {city}."
 
     class NextTool(agents.AgentHooks):
-        """After each tool, name the next one; after the last, no tool: the model answers in text."""
+        """After each tool, name the next one; after the last, no tool: the model answers."""
 
         async def on_tool_end(self, context, agent, tool, result):
             following = {"get_weather": "get_time", "get_time": "none"}[tool.name]
@@ -408,15 +427,18 @@ def test_agents_sdk_runs_a_two_tool_loop(server):
     model = agents.OpenAIResponsesModel(model=MODEL, openai_client=async_client(server))
     agent = agents.Agent(
         name="assistant",
-        instructions="You answer questions about cities. Use the tools, then answer in one sentence.",
+        instructions="You answer questions about cities. Use the tools, then answer.",
         model=model,
         tools=[get_weather, get_time],
-        model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=60),
+        output_type=Report,
+        model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=80),
         reset_tool_choice=False,
         hooks=NextTool(),
     )
     result = agents.Runner.run_sync(agent, "What is the weather and the time in Paris?", max_turns=5)
     assert [name for name, _ in called] == ["get_weather", "get_time"]
     assert all(city for _, city in called)
-    assert isinstance(result.final_output, str) and result.final_output.strip()
+    outputs = [item.output for item in result.new_items if isinstance(item, agents.ToolCallOutputItem)]
+    assert outputs == ["Sunny and 22 C in " + called[0][1] + ".", "It is 14:05 in " + called[1][1] + "."]
+    assert isinstance(result.final_output, Report) and result.final_output.weather and result.final_output.time
     assert len(result.raw_responses) == 3
