@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -33,6 +34,9 @@ MAX_SEQS = 64  # inputs in one decode
 MAX_INPUTS = 2048  # inputs in one request (OpenAI's bound)
 MAX_TOTAL_TOKENS = 300_000  # tokens over all inputs of one request (OpenAI's bound)
 POLL_S = 0.25  # how often a waiting caller looks for the engine having stopped
+# While streams run, embeddings take at most this share of the engine thread's time: a decode of
+# many tokens costs as much as a hundred one-token steps, so taking turns alone would starve them.
+SHARE = 0.5
 
 
 def pack(lengths: list[int], max_tokens: int, max_seqs: int) -> list[list[int]]:
@@ -75,6 +79,7 @@ class Embeddings:
         self.max_tokens = min(EMBED_CTX, engine.n_ctx_stream, n_ctx_train(model) or EMBED_CTX)
         self.jobs: list[_Job] = []  # guarded by the engine's lock; the engine loop waits on it too
         self.decodes = 0  # llama_decode calls made (tests, stats)
+        self._next_at = 0.0  # time.perf_counter() before which no decode runs while streams do
         self._ctx: EmbedContext | None = None
         self._ctx_lock = threading.Lock()  # close() against the engine thread's first use
 
@@ -152,7 +157,8 @@ class Embeddings:
     def run_pending(self) -> None:
         """Run one decode of the oldest request, if any: called by the engine loop between steps.
 
-        A request whose caller has gone (its future cancelled) is dropped before its next decode."""
+        While streams run, a decode waits until the last one's time has gone to them (SHARE); a
+        request whose caller has gone (its future cancelled) is dropped before its next decode."""
         if not self.jobs:  # the common case, read without the lock: only callers add, under it
             return
         with self._engine._lock:
@@ -160,10 +166,16 @@ class Embeddings:
                 self.jobs.pop(0)
             if not self.jobs:
                 return
+            streams = self._engine.sched.running or self._engine.sched.waiting
+            if streams and time.perf_counter() < self._next_at:
+                return  # the streams' turn
             job = self.jobs[0]
         try:
             group = job.groups.pop(0)
+            t0 = time.perf_counter()
             vectors = self._context().embed([job.inputs[i] for i in group])
+            took = time.perf_counter() - t0
+            self._next_at = t0 + took + took * (1 - SHARE) / SHARE
             self.decodes += 1
             job.out[group] = normalize(vectors)
         except BaseException as e:
