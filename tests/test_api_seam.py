@@ -57,9 +57,13 @@ async def responses(request: Request):
     SEEN.append(("responses", body, dict(request.headers)))
     n = body["max_output_tokens"]
     events = [("response.created", {"type": "response.created", "sequence_number": 0})]
-    events += [("response.output_text.delta", {"type": "response.output_text.delta", "delta": w}) for w in WORDS[:n]]
+    # As the real server: two tokens may reach the client as one delta (a character split over tokens is
+    # held back), and an answer cut by max_output_tokens ends in response.incomplete, whose usage counts.
+    words = [*WORDS[: n - 2], "".join(WORDS[n - 2 : n])]
+    events += [("response.output_text.delta", {"type": "response.output_text.delta", "delta": w}) for w in words]
     usage = {"input_tokens": 5, "output_tokens": n, "total_tokens": 5 + n}
-    events.append(("response.completed", {"type": "response.completed", "response": {"usage": usage}}))
+    done = {"type": "response.incomplete", "response": {"status": "incomplete", "usage": usage}}
+    events.append(("response.incomplete", done))
     return sse(events)
 
 

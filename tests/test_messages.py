@@ -483,6 +483,9 @@ def test_other_errors_and_the_server_still_serves(server, claude):
     big = json.dumps({"model": MODEL, "max_tokens": 4, "messages": user("x" * 2**20)}).encode()
     r = http.post("/v1/messages", content=(big[i : i + 65536] for i in range(0, len(big), 65536)))  # chunked
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large", r.text
+    r = http.post("/v1/messages", content=big)  # its Content-Length says it is too large: refused unread
+    assert r.status_code == 413 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "request_too_large", r.text
     with pytest.raises(anthropic.NotFoundError, match="not served here"):
         claude.messages.create(model="claude-opus-4", messages=HI, max_tokens=4)
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):

@@ -70,7 +70,7 @@ async def _responses_stream(http: httpx.AsyncClient, model: str, msgs: Any, max_
             kind = ev.get("type")
             if kind == "response.output_text.delta" and ev.get("delta"):
                 arrivals.append(time.perf_counter() - t0)
-            elif kind == "response.completed":
+            elif kind in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens reached
                 usage = ev["response"].get("usage") or {}
             elif kind in ("response.failed", "error"):
                 raise EdgeInferError(f"a benchmark stream failed: {json.dumps(ev)[:300]}")

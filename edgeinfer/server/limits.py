@@ -6,7 +6,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeinfer.server.schema import error_body
+from edgeinfer.server.state import error_shape
 
 DEFAULT_MAX_BODY_MB = 8.0  # a long chat is well under 1 MiB of JSON
 
@@ -37,7 +37,8 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            body = error_body(too_large_message(self.max_bytes), "invalid_request_error")
+            shape = error_shape(scope["path"])  # in the error shape of the API the body was sent to
+            body = shape(413, too_large_message(self.max_bytes), "invalid_request_error", None, None)
             await JSONResponse(body, status_code=413)(scope, receive, send)
             return
         seen = 0
