@@ -5,7 +5,6 @@ worker serves one client at a time, and a client keeps its connection until it e
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import signal
 import socket
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,15 +20,8 @@ from edgeinfer.engine import make_engine
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig, parse_endpoints, parse_shares
 
-from .conftest import stop_process
+from .conftest import drift_of, near_ties, stop_process
 from .test_server import raw, start_server
-
-_spec = importlib.util.spec_from_file_location(
-    "near_ties", Path(__file__).resolve().parent.parent / "scripts" / "near_ties.py"
-)
-assert _spec and _spec.loader
-near_ties = sys.modules["near_ties"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(near_ties)
 
 CLI = [sys.executable, "-m", "edgeinfer.cli"]
 PROMPTS = ["Name three rivers.", "What is a CPU?", "Say hello in French.", "Count to five."]
@@ -86,9 +77,11 @@ def alone():
 
 
 def assert_alone_answer(eng, prompt: str, text: str) -> None:
-    """text is the alone greedy answer, or parts from it only at near-ties (scripts/near_ties.py)."""
+    """text is the alone greedy answer, or parts from it only at near-ties (scripts/near_ties.py), by the
+    drift measured on this CPU."""
     ids = eng.chat_prompt([{"role": "user", "content": prompt}])
-    why = near_ties._parts_at_near_ties_only(eng, near_ties.Answer(ids, text, TOKENS), ids, "", [])
+    answer = near_ties.Answer(ids, text, TOKENS, drift_of(eng).tie_nats)
+    why = near_ties._parts_at_near_ties_only(eng, answer, ids, "", [])
     assert why is None, f"{prompt!r} -> {text!r}: {why}"
 
 
