@@ -54,7 +54,9 @@ class Drift:
         return (
             f"CPU variant {self.variant}, flash attention {self.flash_attn}: over {self.rows} rows, batch shapes "
             f"closed a gap between a row's best candidate and another of its top {TOP} by up to "
-            f"{self.largest:.3f} nats (p99 {self.p99:.3f}); near-tie below {self.tie_nats:.3f} nats"
+            f"{self.largest:.3f} nats (p99 {self.p99:.3f}; by shape: "
+            + ", ".join(f"{shape} {shift:.2f}" for shape, shift in self.by_shape.items())
+            + f"); near-tie below {self.tie_nats:.3f} nats"
         )
 
 
