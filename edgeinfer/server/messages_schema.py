@@ -12,10 +12,9 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from edgeinfer.options import MAX_GRAMMAR_CHARS, MAX_STOP_CHARS, MAX_STOPS
-from edgeinfer.server.schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, TOOL_NAME, _surrogate_at
+from edgeinfer.server.schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, TOOL_NAME, valid_text
 
 # The block types a message may hold here; earlier thinking is accepted and not replayed.
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
@@ -211,13 +210,7 @@ class MessagesBody(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
-        where = _surrogate_at(data, "")
-        if where:
-            raise PydanticCustomError(
-                "lone_surrogate",
-                f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode",
-            )
-        return data
+        return valid_text(data)
 
     @field_validator("system", mode="before")
     @classmethod

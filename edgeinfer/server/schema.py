@@ -42,6 +42,18 @@ def _surrogate_at(value: Any, path: str) -> str | None:
     return None
 
 
+def lone_surrogate_message(where: str) -> str:
+    return f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode"
+
+
+def valid_text(data: Any) -> Any:
+    """A body's every string is valid Unicode, or a 400 naming where it is not (a request model's validator)."""
+    where = _surrogate_at(data, "")
+    if where:
+        raise PydanticCustomError("lone_surrogate", lone_surrogate_message(where))
+    return data
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -188,13 +200,7 @@ class _Sampling(SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
-        where = _surrogate_at(data, "")
-        if where:
-            raise PydanticCustomError(
-                "lone_surrogate",
-                f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode",
-            )
-        return data
+        return valid_text(data)
 
     @field_validator("stop", mode="before")
     @classmethod

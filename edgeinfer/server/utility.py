@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from edgeinfer.engine import Engine
 from edgeinfer.errors import RequestError
 from edgeinfer.server.run import chat_text, check_model
-from edgeinfer.server.schema import MAX_PROMPT_IDS, ChatRequest
+from edgeinfer.server.schema import MAX_PROMPT_IDS, ChatRequest, lone_surrogate_message
 from edgeinfer.server.state import authorized, server_state
 
 router = APIRouter(dependencies=[Depends(authorized)])
@@ -33,9 +33,7 @@ def _text(value: str, name: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(
-            f"{name} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode"
-        ) from None
+        raise ValueError(lone_surrogate_message(name)) from None
     return value
 
 
