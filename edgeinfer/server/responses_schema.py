@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgeinfer.errors import RequestError
 from edgeinfer.server.responses_render import new_id
-from edgeinfer.server.schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, TOOL_NAME, _schema_size
+from edgeinfer.server.schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, FunctionDef, _schema_size
 
 # Tools that run on OpenAI's servers (web_search_preview, computer_use_preview, ... by prefix).
 HOSTED = ("web_search", "file_search", "computer_use", "code_interpreter", "mcp", "image_generation")
@@ -27,16 +27,10 @@ class _Strict(BaseModel):
 # --- the request body --------------------------------------------------------------
 
 
-class FunctionTool(_Strict):
-    """Responses' flat function tool: the name and schema beside `type`, not under `function`."""
+class FunctionTool(FunctionDef):
+    """Responses' flat function tool: chat's function definition beside `type`, not under `function`."""
 
     type: Literal["function"]
-    name: str = Field(pattern=TOOL_NAME, description="letters, digits, _ and -; at most 64")
-    description: str | None = Field(None, max_length=8192)
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # every call is held to its schema either way
-
-    _size = field_validator("parameters")(_schema_size)
 
 
 class NamedFunction(_Strict):
