@@ -22,6 +22,7 @@ SpecMode = Literal["off", "ngram", "draft", "auto"]
 KvLayout = Literal["per-seq", "unified"]
 KvType = Literal["f16", "q8_0", "q4_0"]
 FlashAttn = Literal["auto", "on", "off"]
+ToolFormatName = Literal["auto", "hermes", "llama3", "mistral", "qwen3-coder", "generic"]
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string
@@ -120,6 +121,13 @@ class EngineConfig(Options):
         description="How draft-model drafts are checked at temperature > 0: match (the stream's own sampler "
         "draws every token, so seeded output equals --spec off) or rejection (rejection sampling against the "
         "draft's probabilities: more drafts accepted, the same output law, but other seeded text).",
+    )
+
+    tool_format: ToolFormatName = Field(
+        "auto",
+        description="How tools and tool calls are written: auto picks the format the model's chat template was "
+        "written for (hermes, llama3, mistral, qwen3-coder); generic describes the tools in a system message, "
+        "for templates that know none.",
     )
 
     rpc: str | None = Field(
