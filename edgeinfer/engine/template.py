@@ -1,12 +1,21 @@
-"""Chat messages to a prompt, through the model's own Jinja chat template from its GGUF."""
+"""Chat messages to a prompt, through the model's own Jinja chat template from its GGUF.
+
+The templates are written for the environment Hugging Face's transformers renders them in, so the prompt
+is the one the model was trained on only in that environment: a sandbox with trim_blocks and lstrip_blocks,
+the loopcontrols extension, a `tojson` that writes JSON as is (no HTML escaping, non-ASCII kept),
+`raise_exception`, `strftime_now`, and the `{% generation %}` block (its content, as written).
+"""
 
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.ext
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import ModelLoadError, RequestError
@@ -20,9 +29,92 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# The names a message's reasoning may come under; templates read the first (Qwen3, DeepSeek-R1) or
+# `thinking` (gpt-oss), so a message carrying one carries both, as transformers passes it.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
-def _raise(message: str) -> None:
-    raise RequestError(f"the chat template refused the messages: {message}", "messages")
+
+class _Refused(jinja2.TemplateError):
+    """The template called raise_exception: its message is meant for the user as is."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _Refused(str(message))
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own filter is for HTML: it writes <, >, & and ' as \u003c and so on, and escapes non-ASCII.
+    # A prompt is not HTML; the model was trained on what json.dumps writes with these arguments.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: marks the answer for training masks; renders as its content."""
+
+    tags = {"generation"}  # noqa: RUF012 -- Jinja's Extension declares it so
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        # A call block, so that what the body sets stays inside it, as in transformers.
+        return nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
+
+    def _content(self, caller: Any) -> str:
+        return caller()
+
+
+class _Dict:
+    """`dict(...)` and `dict.fromkeys(...)` for templates, without the type itself (its attributes) in reach."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    @staticmethod
+    def fromkeys(keys: Any, value: Any = None) -> dict[Any, Any]:
+        return dict.fromkeys(keys, value)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """Jinja's namespace, refusing names that begin with an underscore (a way into Python's internals)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # `self` may be a name in kwargs, as in Jinja's
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.sandbox.SecurityError(f"a namespace attribute may not begin with an underscore ({name!r})")
+
+
+def environment() -> ImmutableSandboxedEnvironment:
+    """The Jinja environment chat templates are written for (the one transformers renders them in)."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _Dict()
+    env.globals["namespace"] = _Namespace
+    return env
 
 
 class ChatTemplate:
@@ -31,11 +123,8 @@ class ChatTemplate:
     def __init__(self, source: str | None, bos: str = "", eos: str = "") -> None:
         self.is_fallback = source is None
         self.source = source or CHATML
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
-            self._tmpl = env.from_string(self.source)
+            self._tmpl = environment().from_string(self.source)
         except jinja2.TemplateError as e:
             raise ModelLoadError(f"the model's chat template does not parse ({e})") from None
         self.bos, self.eos = bos, eos
@@ -56,14 +145,23 @@ class ChatTemplate:
         check_messages(messages)
         try:
             return self._tmpl.render(
-                messages=messages,
+                messages=template_messages(messages),
+                tools=tools or None,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos,
                 eos_token=self.eos,
-                tools=tools or None,
             )
-        except jinja2.TemplateError as e:
-            raise RequestError(f"the chat template failed on these messages ({e})", "messages") from None
+        except _Refused as e:
+            raise RequestError(f"the model's chat template refused these messages: {e.message}", "messages") from None
+        except Exception as e:  # the template is code: what it raises is its refusal
+            # Python errors from inside the sandbox (a string's .items(), a missing key, an unsafe access):
+            # the request's messages are not in the shape this template was written for.
+            raise RequestError(
+                f"the model's chat template refused these messages: it failed with {type(e).__name__}: {e}; "
+                "send the messages in the shape this model's template accepts",
+                "messages",
+            ) from None
 
     @functools.cached_property
     def renders_tools(self) -> bool:
@@ -74,6 +172,19 @@ class ChatTemplate:
             return "probe_tool_x" in self.render(probe, tools=[tool])
         except RequestError:
             return False
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as transformers hands them to a template: keys whose value is None left out (templates test
+    whether a key is defined, and would write "None"), and reasoning under each of its names."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if v is not None}
+        reasoning = next((m[k] for k in REASONING_FIELDS if k in m), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
+    return out
 
 
 def check_messages(messages: list[dict[str, Any]]) -> None:
