@@ -23,6 +23,7 @@ KvLayout = Literal["per-seq", "unified"]
 KvType = Literal["f16", "q8_0", "q4_0"]
 FlashAttn = Literal["auto", "on", "off"]
 ToolFormatName = Literal["auto", "hermes", "llama3", "mistral", "qwen3-coder", "generic"]
+ReasoningFormat = Literal["auto", "deepseek", "none"]
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string
@@ -128,6 +129,18 @@ class EngineConfig(Options):
         description="How tools and tool calls are written: auto picks the format the model's chat template was "
         "written for (hermes, llama3, mistral, qwen3-coder); generic describes the tools in a system message, "
         "for templates that know none.",
+    )
+    reasoning_format: ReasoningFormat = Field(
+        "auto",
+        description="Where a reasoning model's thinking goes: auto: apart from the answer (reasoning_content, "
+        "a reasoning item, thinking blocks) when the chat template thinks; deepseek: apart always (<think> tags); "
+        "none: left in the answer's text.",
+    )
+    reasoning_budget: int = Field(
+        -1,
+        ge=-1,
+        description="Thinking tokens at most, unless a request asks otherwise (-1: no bound; 0: no thinking); "
+        "at the budget the close tag is forced.",
     )
 
     rpc: str | None = Field(

@@ -39,10 +39,10 @@ KNOWN = (
     Thinking("◁think▷", "◁/think▷"),
 )
 
-# reasoning_effort (chat completions, Responses' reasoning.effort) as a thinking budget in tokens. A local
-# model's context is small (8192 cells shared by 8 streams by default): "high" leaves room for the answer
-# in a context of 8k per stream. None: no bound (the server's --reasoning-budget still applies if set).
-EFFORT_BUDGET: dict[str, int | None] = {
+# reasoning_effort (chat completions; Responses' reasoning.effort) as a thinking budget in tokens, the
+# request's own reasoning_budget. A local model's context is small (8192 cells shared by 8 streams by
+# default), so "high" is 4096, not the tens of thousands a hosted model thinks for.
+EFFORT_BUDGET: dict[str, int] = {
     "none": 0,
     "minimal": 64,
     "low": 256,

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from edgeinfer.formats.reasoning import EFFORT_BUDGET
 from edgeinfer.options import (
     MAX_GRAMMAR_CHARS,
     MAX_LOGIT_BIAS,
@@ -243,7 +244,13 @@ class ChatRequest(_Sampling):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = False  # llama-server's default: small models repeat one call until max_tokens
-    reasoning_effort: str | None = None  # accepted; a local model has no such setting
+    # How long a reasoning model may think, in tokens (edgeinfer.formats.reasoning.EFFORT_BUDGET maps an
+    # effort to a budget); reasoning_budget, llama-server's --reasoning-budget per request, wins if both are
+    # sent. None: the server's --reasoning-budget. Each API's translation fills reasoning_budget.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    reasoning_budget: Annotated[int, Field(ge=-1)] | None = Field(
+        None, description="edgeinfer: thinking tokens at most (-1: no bound, 0: no thinking)"
+    )
 
     @model_validator(mode="after")
     def _tools_fit(self) -> ChatRequest:
@@ -258,6 +265,8 @@ class ChatRequest(_Sampling):
             raise ValueError('tool_choice "required" needs at least one tool in tools')
         if self.grammar is not None and (self.response_format is not None or names):
             raise ValueError("grammar cannot be combined with response_format or tools; send one of them")
+        if self.reasoning_budget is None and self.reasoning_effort is not None:
+            self.reasoning_budget = EFFORT_BUDGET[self.reasoning_effort]
         return self
 
     def to_sampling(self, grammar: Grammar | None = None) -> SamplingParams:
