@@ -7,11 +7,13 @@ import json
 
 from edgeinfer.engine.text import TextStream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
+from edgeinfer.formats.hermes import Hermes
 from edgeinfer.server.openai_chat import ChatDialect, CompletionDialect
-from edgeinfer.server.output import ChoiceOutput, Done, TextDelta, ToolCall, whole
+from edgeinfer.server.output import PLAIN, AnswerShape, ChoiceOutput, Done, TextDelta, ToolCall, whole
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import _sse
 
+TOOLS = AnswerShape(calls=Hermes())
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 
 
@@ -25,7 +27,7 @@ def chunk(text: str, index: int = 0, lp: TokenLogprob | None = None) -> Chunk:
 
 
 def test_plain_text_streams_as_it_comes():
-    out = ChoiceOutput(tools=False)
+    out = ChoiceOutput(PLAIN)
     assert out.feed(chunk("Hel")) == [TextDelta(0, "Hel")]
     assert out.feed(chunk("")) == []
     lp = TokenLogprob(5, "", -0.1, [])
@@ -35,7 +37,7 @@ def test_plain_text_streams_as_it_comes():
 
 
 def test_tool_calls_are_held_back_and_sent_once_at_the_end():
-    out = ChoiceOutput(tools=True)
+    out = ChoiceOutput(TOOLS)
     events = [
         ev for piece in ["Let me look. <tool", "_call>\n{", '"name": "get_weather"'] for ev in out.feed(chunk(piece))
     ]
@@ -46,29 +48,29 @@ def test_tool_calls_are_held_back_and_sent_once_at_the_end():
     assert all(isinstance(c, ToolCall) and c.id.startswith("call_") and len(c.id) == 29 for c in calls)
     assert done == Done(0, "tool_calls", f)
     # The whole answer: the same calls and end, the text before them trimmed.
-    before, call, end = whole(f, tools=True)
+    before, call, end = whole(f, TOOLS)
     assert before == TextDelta(0, "Let me look.") and end == done
     assert isinstance(call, ToolCall) and (call.name, call.arguments) == (calls[0].name, calls[0].arguments)
 
 
 def test_text_that_only_looked_like_a_call_is_sent_at_the_end():
-    out = ChoiceOutput(tools=True)
+    out = ChoiceOutput(TOOLS)
     assert out.feed(chunk("a <tool")) == [TextDelta(0, "a ")]
     assert out.end(finish("a <tool")) == [TextDelta(0, "<tool"), Done(0, "stop", finish("a <tool"))]
 
 
 def test_a_call_cut_by_max_tokens_is_no_call():
     f = finish('<tool_call>\n{"name": "get_we', "length")
-    assert [type(ev) for ev in whole(f, tools=True)] == [TextDelta, Done]
-    assert whole(f, tools=True)[-1].reason == "length"
+    assert [type(ev) for ev in whole(f, TOOLS)] == [TextDelta, Done]
+    assert whole(f, TOOLS)[-1].reason == "length"
 
 
 def test_done_reasons():
-    assert whole(finish("x", stop="END"), tools=False)[-1] == Done(0, "stop_sequence", finish("x", stop="END"), "END")
-    assert whole(finish("x", "cancelled"), tools=True)[-1].reason == "cancelled"
+    assert whole(finish("x", stop="END"), PLAIN)[-1] == Done(0, "stop_sequence", finish("x", stop="END"), "END")
+    assert whole(finish("x", "cancelled"), TOOLS)[-1].reason == "cancelled"
     failed = finish("", "error", error="boom")
-    assert whole(failed, tools=False) == [Done(0, "error", failed)]
-    assert whole(finish(CALL, stop="END"), tools=True)[-1].reason == "tool_calls"
+    assert whole(failed, PLAIN) == [Done(0, "error", failed)]
+    assert whole(finish(CALL, stop="END"), TOOLS)[-1].reason == "tool_calls"
 
 
 def test_the_text_stream_says_which_stop_string_matched():
@@ -95,9 +97,9 @@ class FakeHandle:
         self.cancelled = True
 
 
-def sse(dialect, handles, tools):
+def sse(dialect, handles, shape):
     async def run():
-        return [item async for item in _sse(handles, dialect, tools, ServerState(lambda: None, "m", None))]
+        return [item async for item in _sse(handles, dialect, shape, ServerState(lambda: None, "m", None))]
 
     return asyncio.run(run())
 
@@ -106,7 +108,7 @@ def test_chat_stream_shape():
     """The chunks a streamed chat answer is made of, in order: what tests/test_server.py and the SDKs rely on."""
     dialect = ChatDialect("m", logprobs=False, include_usage=True)
     handles = [FakeHandle([chunk("Sure. "), chunk("<tool_call>"), finish("Sure. " + CALL)])]
-    items = sse(dialect, handles, tools=True)
+    items = sse(dialect, handles, TOOLS)
     assert all(set(item) == {"data"} for item in items) and items[-1] == {"data": "[DONE]"}
     chunks = [json.loads(item["data"]) for item in items[:-1]]
     assert {c["id"] for c in chunks} == {dialect.id} and {c["object"] for c in chunks} == {"chat.completion.chunk"}
@@ -122,7 +124,7 @@ def test_chat_stream_shape():
 
 def test_a_failed_stream_sends_an_error_then_its_end():
     handles = [FakeHandle([chunk("a"), finish("a", "error", error="the engine broke")])]
-    items = [json.loads(i["data"]) for i in sse(ChatDialect("m", False), handles, tools=False)[:-1]]
+    items = [json.loads(i["data"]) for i in sse(ChatDialect("m", False), handles, PLAIN)[:-1]]
     assert items[2]["error"]["message"] == "the engine broke" and items[2]["error"]["type"] == "server_error"
     assert items[3]["choices"][0]["finish_reason"] == "stop"
 
@@ -130,10 +132,10 @@ def test_a_failed_stream_sends_an_error_then_its_end():
 def test_completions_stream_and_whole_agree():
     dialect = CompletionDialect("m", logprobs=False, include_usage=False)
     handles = [FakeHandle([chunk("Par"), chunk("is"), finish("Paris", stop=".")])]
-    items = sse(dialect, handles, tools=False)
+    items = sse(dialect, handles, PLAIN)
     texts = [json.loads(i["data"])["choices"][0] for i in items[:-1]]
     assert [t["text"] for t in texts] == ["Par", "is", ""] and texts[-1]["finish_reason"] == "stop"
     f = finish("Paris", stop=".")
-    events = whole(f, tools=False)
+    events = whole(f, PLAIN)
     body = dialect.response([events[-1]], events)
     assert body["choices"][0]["text"] == "Paris" and body["choices"][0]["finish_reason"] == "stop"

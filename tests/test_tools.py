@@ -10,6 +10,9 @@ import pytest
 
 from edgeinfer.bench.battery import CASES, WEATHER, check
 from edgeinfer.client import async_client, client
+from edgeinfer.formats.base import MAX_CALLS, CallStream, call_schema
+from edgeinfer.formats.hermes import Hermes
+from edgeinfer.options import EngineConfig
 from edgeinfer.server import tools as T
 from edgeinfer.server.schema import ChatRequest
 
@@ -135,7 +138,7 @@ def test_streamed_tool_calls_reassemble_in_the_sdk(oai):
         final = stream.get_final_completion()
     choice = final.choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
-    assert 1 <= len(valid_calls(choice.message.tool_calls)) <= T.MAX_CALLS
+    assert 1 <= len(valid_calls(choice.message.tool_calls)) <= MAX_CALLS
 
 
 def test_auto_answers_in_text_or_in_a_valid_call(oai):
@@ -291,27 +294,42 @@ def test_parse_calls_and_the_text_before():
         'Let me check. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
         '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
     )
-    before, calls = T.parse_calls(text)
+    before, calls = Hermes().parse(text, final=True)
     assert before == "Let me check."
-    assert [(name, json.loads(arguments)) for name, arguments in calls] == [("f", {"a": 1}), ("g", {})]
-    assert T.parse_calls("plain text") == ("plain text", [])
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}), ("g", {})]
+    assert Hermes().parse("plain text", final=True) == ("plain text", [])
     cut = '<tool_call>\n{"name": "f", "argu'
-    assert T.parse_calls(cut) == (cut, [])
+    assert Hermes().parse(cut, final=True) == (cut, [])
 
 
 def test_streamed_text_holds_back_what_may_open_a_call():
-    w = T.CallWatch()
-    assert [w.feed(x) for x in ["Sure", " <", "tool", "_call>", '{"name"']] == ["Sure", " ", "", "", ""]
-    assert w.rest() == ""
-    w = T.CallWatch()
-    assert [w.feed(x) for x in ["a <t", "able> b"]] == ["a ", "<table> b"]
-    w = T.CallWatch()
-    assert w.feed("x <tool") == "x " and w.rest() == "<tool"
+    w = CallStream(Hermes())
+    assert [w.feed(x)[0] for x in ["Sure", " <", "tool", "_call>", '{"name"']] == ["Sure", " ", "", "", ""]
+    assert w.end() == ('<tool_call>{"name"', [])  # no call came of it: the text is the answer
+    w = CallStream(Hermes())
+    assert [w.feed(x)[0] for x in ["a <t", "able> b"]] == ["a ", "<table> b"]
+    w = CallStream(Hermes())
+    assert w.feed("x <tool")[0] == "x " and w.end() == ("<tool", [])
+
+
+def test_a_streamed_call_is_given_out_once_complete():
+    w = CallStream(Hermes())
+    parts = [
+        "Ok <tool_call>\n",
+        '{"name": "f", "argu',
+        'ments": {"a": 1}}',
+        "\n</tool_call>\n<tool_call>",
+        '{"name": "g"',
+    ]
+    got = [w.feed(x) for x in parts]
+    assert [text for text, _ in got] == ["Ok ", "", "", "", ""]
+    assert [[c.name for c in calls] for _, calls in got] == [[], [], ["f"], [], []]
+    assert w.end() == ("", [])  # the second call was cut: left out
 
 
 def test_tool_schemas_keep_their_references_under_defs():
     req = ChatRequest(model="m", messages=ask("hi"), tools=[WEATHER, CLOCK], tool_choice="required")
-    schema = T.call_schema(req.tools)
+    schema = call_schema(T.specs(req.tools))
     zone = schema["$defs"]["tool1"]["properties"]["zone"]
     assert zone == {"$ref": "#/$defs/tool1/$defs/zone"}
     call = {"name": "get_time", "arguments": {"zone": "UTC"}}
@@ -351,6 +369,7 @@ class TemplateEngine:
         from edgeinfer.engine.template import ChatTemplate
 
         self.template = ChatTemplate(source)
+        self.config = EngineConfig()
         self.rendered = ""
         self.grammars = self
 

@@ -16,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.client import client
 from edgeinfer.engine.embeddings import EMBED_CTX, pack
+from edgeinfer.formats.generic import Generic
 from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import SamplingParams
 from edgeinfer.server import tools as T
@@ -169,13 +170,13 @@ def test_apply_template_includes_the_tools(http, oai, gguf_file):
     body = {"messages": CHAT, "tools": [WEATHER_TOOL]}
     prompt = post(http, "/apply-template", body)["prompt"]
     # SmolLM2's template writes no tools: edgeinfer describes them in the system message.
-    system = f"{CHAT[0]['content']}\n\n{T.describe_tools(ChatRequest(model=MODEL, **body).tools)}"
+    system = f"{CHAT[0]['content']}\n\n{T.described(ChatRequest(model=MODEL, **body), Generic())}"
     expected = render_independently(gguf_file["template"], [{"role": "system", "content": system}, *CHAT[1:]])
     assert prompt == expected and "get_weather" in prompt
     r = oai.chat.completions.create(model=MODEL, max_tokens=1, temperature=0, **body)
     assert len(post(http, "/tokenize", {"content": prompt, "add_special": True})["tokens"]) == r.usage.prompt_tokens
     assert post(http, "/apply-template", {**body, "tool_choice": "none"})["prompt"] == prompt.replace(
-        f"\n\n{T.describe_tools(ChatRequest(model=MODEL, **body).tools)}", ""
+        f"\n\n{T.described(ChatRequest(model=MODEL, **body), Generic())}", ""
     )
 
 

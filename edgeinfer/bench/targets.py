@@ -260,9 +260,9 @@ def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_
     req = ChatRequest(
         model="x", messages=msgs, tools=tools, tool_choice="required", temperature=0, max_tokens=max_tokens
     )
-    prompt, params = chat_input(engine, req)  # the prompt and grammar the server would use
+    prompt, params, shape = chat_input(engine, req)  # the prompt, grammar and format the server would use
     finish = engine.generate(prompt, params)
-    return finish.text, [(ev.name, ev.arguments) for ev in whole(finish, tools=True) if isinstance(ev, ToolCall)]
+    return finish.text, [(ev.name, ev.arguments) for ev in whole(finish, shape) if isinstance(ev, ToolCall)]
 
 
 async def _server_tool_replies(

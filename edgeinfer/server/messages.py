@@ -326,5 +326,5 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     engine = state.ready()
     req = to_chat(body)
     check_model(req.model, state.model_id)
-    prompt, _ = await asyncio.to_thread(chat_input, engine, req)
+    prompt, _, _ = await asyncio.to_thread(chat_input, engine, req)
     return {"input_tokens": len(prompt)}

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from edgeinfer.events import Finish, StreamStats, TokenLogprob
-from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
+from edgeinfer.server.output import PLAIN, Done, Event, ReasoningDelta, TextDelta, ToolCall
 from edgeinfer.server.run import check_model, run_chat
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
 from edgeinfer.server.state import authorized, server_state
@@ -38,7 +38,7 @@ async def completions(request: Request, req: CompletionRequest) -> Any:
     handles = await submit(engine, prompt, req.to_sampling(), req.n)
     usage = bool(req.stream_options and req.stream_options.include_usage)
     dialect = CompletionDialect(state.model_id, req.logprobs is not None, usage)
-    return await respond(request, state, handles, dialect, req.stream, tools=False)
+    return await respond(request, state, handles, dialect, req.stream, PLAIN)
 
 
 # Done.reason to OpenAI's finish_reason: a cancelled or failed choice ends as "stop" (the error

@@ -3,17 +3,16 @@
 Every dialect (chat completions, Responses, Messages) renders these events and nothing else;
 none of them reads the model's text for tool calls itself. One ChoiceOutput per streamed
 choice turns its Chunks into TextDelta events as they come, holding back text that may open a
-tool call, and its Finish into the calls and a Done; `whole` gives the same events for an
-answer sent in one piece.
+tool call, each call as soon as the family's parser sees it complete, and its Finish into the
+calls left and a Done; `whole` gives the same events for an answer sent in one piece.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from edgeinfer.events import Chunk, Finish, TokenLogprob
-from edgeinfer.server.tools import CallWatch, parse_calls
+from edgeinfer.formats.base import Call, CallStream, ToolFormat
 
 
 @dataclass(slots=True)
@@ -39,7 +38,7 @@ class ToolCall:
 
     index: int  # which choice
     call_index: int  # 0, 1, ... within the choice
-    id: str  # "call_" + 24 hex digits, made once here: every dialect sends the same id
+    id: str  # the model's own, or one its family's format makes (made once: every dialect sends the same id)
     name: str
     arguments: str  # JSON text
 
@@ -61,45 +60,68 @@ class Done:
 Event = TextDelta | ReasoningDelta | ToolCall | Done
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerShape:
+    """How to read a choice's text: the format of its tool calls, if the request offered tools."""
+
+    calls: ToolFormat | None = None
+
+
+PLAIN = AnswerShape()
+
+
 class ChoiceOutput:
     """One streamed choice: engine Chunks and its Finish to neutral events."""
 
-    def __init__(self, tools: bool) -> None:
-        self.tools = tools  # the answer may hold tool calls: hold back what may open one, parse them at the end
-        self.watch = CallWatch()
+    def __init__(self, shape: AnswerShape) -> None:
+        self.shape = shape
+        self.calls = CallStream(shape.calls) if shape.calls is not None else None
+        self.n_calls = 0
 
     def feed(self, chunk: Chunk) -> list[Event]:
-        text = self.watch.feed(chunk.text) if self.tools else chunk.text
-        if not text and chunk.logprob is None:
-            return []
-        return [TextDelta(chunk.index, text, chunk.logprob)]
+        out: list[Event] = []
+        if self.calls is None:
+            text = chunk.text
+        else:
+            text, calls = self.calls.feed(chunk.text)
+            out.extend(self._calls(chunk.index, calls))
+        if text or chunk.logprob is not None:
+            out.insert(0, TextDelta(chunk.index, text, chunk.logprob))
+        return out
 
     def end(self, finish: Finish) -> list[Event]:
-        """The choice's tool calls, or else the text held back in case it opened one; then its Done."""
-        _, calls = _calls(finish, self.tools)
-        out: list[Event] = list(calls)
-        if not calls and self.tools and (rest := self.watch.rest()):
-            out.append(TextDelta(finish.index, rest))
-        out.append(_done(finish, bool(calls)))
+        """The choice's calls not sent yet, or else the text held back in case it opened one; then its Done."""
+        out: list[Event] = []
+        if self.calls is not None and finish.finish_reason in ("stop", "length"):
+            rest, calls = self.calls.end(finish.text)
+            if rest:
+                out.append(TextDelta(finish.index, rest))
+            out.extend(self._calls(finish.index, calls))
+        out.append(_done(finish, self.n_calls > 0))
+        return out
+
+    def _calls(self, index: int, calls: list[Call]) -> list[ToolCall]:
+        assert self.shape.calls is not None
+        out = [_event(self.shape.calls, index, self.n_calls + i, c) for i, c in enumerate(calls)]
+        self.n_calls += len(out)
         return out
 
 
-def whole(finish: Finish, tools: bool) -> list[Event]:
+def whole(finish: Finish, shape: AnswerShape) -> list[Event]:
     """A choice answered in one piece: its text (the text before any call, trimmed), its calls, its Done."""
-    before, calls = _calls(finish, tools)
+    fmt = shape.calls
+    if fmt is None or finish.finish_reason not in ("stop", "length"):
+        before, found = finish.text, []
+    else:
+        before, found = fmt.parse(finish.text, final=True)
     out: list[Event] = [TextDelta(finish.index, before)] if before else []
-    out.extend(calls)
-    out.append(_done(finish, bool(calls)))
+    out.extend(_event(fmt, finish.index, i, c) for i, c in enumerate(found) if fmt is not None)
+    out.append(_done(finish, bool(found)))
     return out
 
 
-def _calls(finish: Finish, tools: bool) -> tuple[str | None, list[ToolCall]]:
-    """The text before any call, and the complete calls (one cut by max_tokens is left out)."""
-    if not tools or finish.finish_reason not in ("stop", "length"):
-        return finish.text, []
-    before, found = parse_calls(finish.text)
-    calls = [ToolCall(finish.index, i, f"call_{uuid.uuid4().hex[:24]}", n, a) for i, (n, a) in enumerate(found)]
-    return before, calls
+def _event(fmt: ToolFormat, index: int, call_index: int, call: Call) -> ToolCall:
+    return ToolCall(index, call_index, call.id or fmt.new_id(), call.name, call.arguments)
 
 
 def _done(finish: Finish, called: bool) -> Done:

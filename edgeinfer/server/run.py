@@ -16,8 +16,11 @@ from fastapi import Request
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.formats.base import ToolFormat
+from edgeinfer.formats.select import format_class
 from edgeinfer.options import Grammar, SamplingParams
 from edgeinfer.server import tools
+from edgeinfer.server.output import AnswerShape
 from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import Dialect, respond, submit
@@ -36,30 +39,42 @@ def check_model(name: str, model_id: str) -> None:
         raise ModelNotFound(f"model {name!r} is not served here; GET /v1/models lists {model_id!r}")
 
 
-def template_input(engine: Engine, req: ChatRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def tool_format(engine: Engine, req: ChatRequest) -> tuple[ToolFormat, bool]:
+    """The family's format for req's tools (from the model's template, or --tool-format), and whether the
+    template writes tools and the call history itself (native) rather than having them described."""
+    template = engine.template
+    cls = format_class(template.source, template.renders_tools, engine.config.tool_format)
+    return cls(tools.specs(req.tools)), cls.native and template.renders_tools
+
+
+def template_input(
+    engine: Engine, req: ChatRequest, fmt: ToolFormat, native: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages, and the tools where the template writes them, that req gives the model's template."""
     # A template that renders tools takes the tools, and the tool history whole (even with tool_choice "none").
-    native = (tools.uses_tools(req) or tools.has_tool_history(req)) and engine.template.renders_tools
-    messages = tools.chat_messages(req, native)
+    native = native and (tools.uses_tools(req) or tools.has_tool_history(req))
+    messages = tools.chat_messages(req, fmt, native)
     offered = [t.model_dump() for t in req.tools or []] if native and tools.uses_tools(req) else None
     return messages, offered
 
 
 def chat_text(engine: Engine, req: ChatRequest) -> str:
     """The prompt text req renders to (POST /apply-template shows it): what chat_input tokenizes."""
-    messages, offered = template_input(engine, req)
+    messages, offered = template_input(engine, req, *tool_format(engine, req))
     return engine.template.render(messages, add_generation_prompt=True, tools=offered)
 
 
-def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams]:
-    """The prompt (messages, and tools where the template writes them) and the sampling, grammar included."""
-    prompt = engine.chat_prompt(*template_input(engine, req))
-    fmt = req.response_format.grammar() if req.response_format is not None else None
-    grammar = tools.tools_grammar(req) or fmt
+def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:
+    """The prompt (messages, and tools where the template writes them), the sampling, grammar included,
+    and how to read the answer."""
+    fmt, native = tool_format(engine, req)
+    prompt = engine.chat_prompt(*template_input(engine, req, fmt, native))
+    fmt_grammar = req.response_format.grammar() if req.response_format is not None else None
+    grammar = tools.tools_grammar(req, fmt) or fmt_grammar
     if tools.uses_tools(req):
         assert req.tools is not None
-        if fmt is not None:
-            engine.grammars.compile(fmt)
+        if fmt_grammar is not None:
+            engine.grammars.compile(fmt_grammar)
         for i, t in enumerate(req.tools):  # each schema on its own, so that an error names its tool
             if t.function.parameters is not None:
                 engine.grammars.compile(
@@ -69,7 +84,8 @@ def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingPar
                         origin=f"tools[{i}].function.parameters",
                     )
                 )
-    return prompt, req.to_sampling(grammar)
+    shape = AnswerShape(calls=fmt if tools.uses_tools(req) else None)
+    return prompt, req.to_sampling(grammar), shape
 
 
 async def run_chat(
@@ -80,6 +96,6 @@ async def run_chat(
     engine = state.ready()
     check_model(req.model, state.model_id)
     # Templating and tokenizing take time in proportion to the prompt: off the event loop.
-    prompt, params = await asyncio.to_thread(chat_input, engine, req)
+    prompt, params, shape = await asyncio.to_thread(chat_input, engine, req)
     handles = await submit(engine, prompt, params, req.n)
-    return await respond(request, state, handles, dialect_factory(len(prompt)), stream, tools.uses_tools(req))
+    return await respond(request, state, handles, dialect_factory(len(prompt)), stream, shape)

@@ -19,7 +19,7 @@ from sse_starlette import EventSourceResponse
 from edgeinfer.engine import Engine, StreamHandle
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import SamplingParams
-from edgeinfer.server.output import ChoiceOutput, Done, Event, whole
+from edgeinfer.server.output import AnswerShape, ChoiceOutput, Done, Event, whole
 from edgeinfer.server.state import ServerState
 
 POLL_S = 0.2  # how often a waiting request looks for its client leaving or the grace running out
@@ -76,14 +76,19 @@ def _cancel_submitted(work: asyncio.Future[list[StreamHandle]]) -> None:
 
 
 async def respond(
-    request: Request, state: ServerState, handles: list[StreamHandle], dialect: Dialect, stream: bool, tools: bool
+    request: Request,
+    state: ServerState,
+    handles: list[StreamHandle],
+    dialect: Dialect,
+    stream: bool,
+    shape: AnswerShape,
 ) -> Any:
     """The answer to a submitted request: an SSE stream, or the whole answer once every choice ends.
 
-    tools: the answer may hold tool calls (the request offered tools, tool_choice not "none")."""
+    shape: how to read the text (the format of its tool calls, when the request offered tools)."""
     if stream:
         return EventSourceResponse(
-            _sse(handles, dialect, tools, state),
+            _sse(handles, dialect, shape, state),
             ping=15,
             # sse-starlette cuts every stream as soon as it sees the server shutting down, unless
             # given a grace period. _sse itself ends the stream cleanly when the grace runs out;
@@ -111,7 +116,7 @@ async def respond(
     failed = next((f for f in finishes if f.finish_reason == "error"), None)
     if failed is not None:
         return dialect.error_response(500, failed.error or "generation failed", "server_error")
-    events = [ev for f in finishes for ev in whole(f, tools)]
+    events = [ev for f in finishes for ev in whole(f, shape)]
     return dialect.response([ev for ev in events if isinstance(ev, Done)], events)
 
 
@@ -163,10 +168,10 @@ async def _cut_at_grace(handles: list[StreamHandle], state: ServerState, cut: li
 
 
 async def _sse(
-    handles: list[StreamHandle], dialect: Dialect, tools: bool, state: ServerState
+    handles: list[StreamHandle], dialect: Dialect, shape: AnswerShape, state: ServerState
 ) -> AsyncIterator[SSEItem]:
     """Merge the n streams' events into one SSE stream; a disconnect cancels every stream."""
-    outputs = [ChoiceOutput(tools) for _ in handles]
+    outputs = [ChoiceOutput(shape) for _ in handles]
     done: list[Done] = []
     cut: list[bool] = []
     watcher = asyncio.create_task(_cut_at_grace(handles, state, cut))

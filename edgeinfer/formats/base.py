@@ -1,0 +1,223 @@
+"""The protocol every model family's tool-call format follows, and what the families share.
+
+A format is one family's way of writing tool calls: how its chat template takes the tools and
+the call history, the grammar that holds the model to its call syntax and each tool's schema,
+and the parser that reads the calls back from the text, whole or as it streams. One object per
+request (it knows the request's tools); the server, `edgeinfer chat` and `generate` use the
+same objects. select.py picks the family from the model's chat template.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from edgeinfer.engine.grammar import JSON_OPTIONS, closed
+
+MAX_CALLS = 8  # calls in one answer (a small model left free repeats one call until max_tokens)
+
+
+@dataclass(slots=True)
+class Call:
+    """One call read from the model's text."""
+
+    name: str
+    arguments: str  # JSON text of an object
+    id: str | None = None  # the id the model wrote, where its format has one
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    """What a format needs of one offered tool."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+
+class ToolFormat:
+    """One family's tool-call format. Subclasses set name and opening and override what differs."""
+
+    name: ClassVar[str] = ""
+    opening: ClassVar[str] = ""  # the text that begins the calls, where the family has one
+    native: ClassVar[bool] = True  # False: the template knows no tools; they are described in a system message
+
+    def __init__(self, tools: list[ToolSpec] | None = None) -> None:
+        self.tools = tools or []
+
+    @classmethod
+    def detect(cls, template: str) -> bool:
+        """Whether this chat template (its Jinja source) was written for this family."""
+        return False
+
+    # --- the prompt -----------------------------------------------------------
+
+    def history_call(self, call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """One entry of an assistant message's tool_calls, as this family's template reads it.
+
+        Templates read arguments as a mapping (`arguments | tojson`, `arguments.items()`), not JSON text."""
+        return {"id": self.history_id(call_id), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+    def history_id(self, call_id: str) -> str:
+        """A client's call id as this family's template accepts it (the same id for a call and its result)."""
+        return call_id
+
+    def new_id(self) -> str:
+        """An id for a call the model made without one."""
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+    def write_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        """The text the model writes for these calls."""
+        raise NotImplementedError
+
+    # --- the grammar -----------------------------------------------------------
+
+    def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
+        """Lark source (llguidance's dialect): with required, the whole answer is calls (one unless parallel);
+        otherwise `start` is `answer` (the given rule) or free text and then calls."""
+        raise NotImplementedError
+
+    def answer_rule(self, schema: Any | None) -> str:
+        """The rule `answer`: an answer without calls, the response_format's JSON when there is one."""
+        if schema is not None:
+            if isinstance(schema, dict):
+                schema = closed({**schema, "x-guidance": JSON_OPTIONS})
+            return f"answer: %json {json.dumps(schema)}"
+        if not self.opening:
+            return "answer: /(?s:.*)/"
+        return f"answer: PLAIN\nPLAIN: /(?s:.*)/ & ~/(?s:.*{_regex_escape(self.opening)}.*)/"
+
+    # --- the answer ------------------------------------------------------------
+
+    def parse(self, text: str, final: bool) -> tuple[str | None, list[Call]]:
+        """(the text before the calls, stripped, None when empty; the complete calls). No call: (text, []).
+
+        final=False while streaming: text may end inside a call, and only complete calls count."""
+        raise NotImplementedError
+
+    def opening_at(self, text: str) -> int:
+        """Where the calls begin in text; -1 when they do not (yet)."""
+        return text.find(self.opening) if self.opening else -1
+
+    def held(self, text: str) -> int:
+        """How many characters at the end of text may begin an opening (held back while streaming)."""
+        return partial_suffix(text, self.opening)
+
+
+class CallStream:
+    """One streamed choice's text: content as soon as it cannot begin a call, and each call once complete."""
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self.fmt = fmt
+        self.text = ""
+        self.sent = 0  # characters of text given out as content
+        self.in_calls = False
+        self.calls = 0  # calls given out
+
+    def feed(self, delta: str) -> tuple[str, list[Call]]:
+        self.text += delta
+        if self.in_calls:
+            return "", self._new_calls(final=False)
+        at = self.fmt.opening_at(self.text)
+        if at >= 0:
+            self.in_calls = True
+            end = at
+        else:
+            end = len(self.text) - self.fmt.held(self.text)
+        out, self.sent = self.text[self.sent : end], max(self.sent, end)
+        return out, self._new_calls(final=False) if self.in_calls else []
+
+    def end(self, text: str | None = None) -> tuple[str, list[Call]]:
+        """At the end of the stream: the calls not given out yet, or, when the text held none, the text held back.
+
+        text: the whole text, when the caller has it (the engine's Finish); it is what the parse reads."""
+        if text is not None and text.startswith(self.text[: self.sent]):
+            self.text = text
+        calls = self._new_calls(final=True)
+        if self.calls == 0:
+            out, self.sent = self.text[self.sent :], len(self.text)
+            return out, []
+        return "", calls
+
+    def _new_calls(self, final: bool) -> list[Call]:
+        _, found = self.fmt.parse(self.text, final)
+        fresh = found[self.calls :]
+        self.calls = max(self.calls, len(found))
+        return fresh
+
+
+# --- helpers the families share --------------------------------------------------
+
+
+def lark_str(s: str) -> str:
+    """s as a Lark string literal."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+def partial_suffix(text: str, opening: str) -> int:
+    """Length of the longest tail of text that is a proper beginning of opening."""
+    for n in range(min(len(opening) - 1, len(text)), 0, -1):
+        if opening.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _regex_escape(s: str) -> str:
+    return "".join("\\" + c if c in r"\.^$|?*+()[]{}/" else c for c in s)
+
+
+def call_schema(tools: list[ToolSpec], name_key: str = "name", args_key: str = "arguments") -> dict[str, Any]:
+    """The JSON Schema of one call object: {name_key: one of the tools, args_key: that tool's parameters}.
+
+    Each tool's schema moves under $defs, its own references rewritten to follow it, so that
+    `#/$defs/...` inside it still resolve."""
+    defs: dict[str, Any] = {}
+    options = []
+    for i, t in enumerate(tools):
+        key = f"tool{i}"
+        defs[key] = _rebase(copy.deepcopy(t.parameters), f"#/$defs/{key}")
+        options.append(
+            {
+                "type": "object",
+                "properties": {name_key: {"const": t.name}, args_key: {"$ref": f"#/$defs/{key}"}},
+                "required": [name_key, args_key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    return closed({**schema, "$defs": defs, "x-guidance": JSON_OPTIONS})
+
+
+def _rebase(value: Any, base: str) -> Any:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+                value[k] = base + v[1:]
+            else:
+                _rebase(v, base)
+    elif isinstance(value, list):
+        for v in value:
+            _rebase(v, base)
+    return value
+
+
+def json_objects(text: str, start: int) -> list[tuple[Any, int, int]]:
+    """The JSON values written one after another from start (whitespace between): (value, begin, end) each."""
+    decoder = json.JSONDecoder()
+    out = []
+    pos = start
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        out.append((obj, pos, end))
+        pos = end
+    return out

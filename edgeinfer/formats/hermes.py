@@ -1,0 +1,67 @@
+"""Hermes-style calls, the format of Qwen2.5, Hermes 2/3, QwQ and many fine-tunes:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Under `auto` the text is free until the model writes `<tool_call>`, and from there the call is
+held to the schemas (a lazy grammar: free text is any text without the opening, or text up to
+it and then calls).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edgeinfer.formats.base import MAX_CALLS, Call, ToolFormat, ToolSpec, call_schema, json_objects
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class Hermes(ToolFormat):
+    name = "hermes"
+    opening = OPEN
+
+    @classmethod
+    def detect(cls, template: str) -> bool:
+        return OPEN in template
+
+    def write_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        return "\n".join(
+            f"{OPEN}\n{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}\n{CLOSE}" for n, a in calls
+        )
+
+    def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
+        call = json.dumps(call_schema(tools))
+        more = f'\nmore: ("\\n<tool_call>" body)~0..{MAX_CALLS - 1}' if parallel else '\nmore: ""'
+        body = f'body: "\\n" %json {call} "\\n</tool_call>"' + more
+        if required:
+            return f'start: "<tool_call>" body more\n{body}\n'
+        if answer.startswith("answer: PLAIN"):
+            # Free text may come before a call; the stop string ends it and is the call's opening.
+            start = 'start: answer | prose body more\nprose[stop="<tool_call>"]: /(?s:.*)/'
+        else:
+            start = 'start: answer | "<tool_call>" body more'  # a response_format answer, or calls
+        return f"{start}\n{answer}\n{body}\n"
+
+    def parse(self, text: str, final: bool) -> tuple[str | None, list[Call]]:
+        # A call is complete once its JSON object closes, streaming or not.
+        start = text.find(OPEN)
+        if start < 0:
+            return text, []
+        calls = []
+        pos = start
+        while pos >= 0:
+            found = json_objects(text, pos + len(OPEN))
+            if not found:
+                break
+            obj, _, end = found[0]
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                break
+            calls.append(Call(obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
+            pos = text.find(OPEN, end)
+        if not calls:
+            return text, []
+        before = text[:start].strip()
+        return before or None, calls
