@@ -1,0 +1,243 @@
+"""Reasoning models: thinking tags found in the template, the streamed split into thinking and answer, the
+grammar that bounds the thinking (on the default model's vocabulary), and, on the default model's weights
+under QwQ-32B's published template, thinking apart from the answer in all three APIs with its budget kept."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.formats.reasoning import (
+    EFFORT_BUDGET,
+    ReasoningSplit,
+    Thinking,
+    budget_of,
+    opened,
+    split,
+    thinking_for,
+    thinking_of,
+    with_thinking,
+)
+from edgeinfer.options import Grammar
+from edgeinfer.server.schema import ChatRequest
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+QWQ = (TEMPLATES / "Qwen-QwQ-32B.jinja").read_text()  # llama.cpp's models/templates copy (SOURCES.md)
+THINK = Thinking()
+
+# --- the template -----------------------------------------------------------------
+
+
+def test_the_template_names_its_thinking_tags():
+    assert thinking_of(QWQ) == THINK
+    assert thinking_of((TEMPLATES / "Qwen3-Coder.jinja").read_text()) is None  # a coder template does not think
+    assert thinking_of("{{ '[THINK]' }}{{ messages[0].content }}{{ '[/THINK]' }}") == Thinking("[THINK]", "[/THINK]")
+    # --reasoning-format: none keeps the thinking in the text, deepseek splits at <think> even where nothing says so.
+    assert thinking_for("none", QWQ) is None
+    assert thinking_for("auto", QWQ) == THINK
+    assert thinking_for("auto", "{{ messages }}") is None
+    assert thinking_for("deepseek", "{{ messages }}") == THINK
+
+
+def test_a_prompt_ending_inside_the_block_is_opened():
+    assert opened("<|im_start|>assistant\n<think>\n", THINK)
+    # Qwen3 with thinking off closes the block in the prompt; earlier turns' blocks are closed.
+    assert not opened("<|im_start|>assistant\n<think>\n\n</think>\n\n", THINK)
+    assert not opened("<think>a</think>b<|im_start|>assistant\n", THINK)
+    assert not opened("<|im_start|>assistant\n", THINK)
+
+
+def test_budgets_from_the_request_and_the_server():
+    assert budget_of(None, -1) is None
+    assert budget_of(None, 300) == 300
+    assert budget_of(0, 300) == 0
+    assert budget_of(-1, 300) is None
+    msgs = [{"role": "user", "content": "hi"}]
+    assert ChatRequest(model="m", messages=msgs, reasoning_effort="low").reasoning_budget == EFFORT_BUDGET["low"]
+    both = ChatRequest(model="m", messages=msgs, reasoning_effort="high", reasoning_budget=7)
+    assert both.reasoning_budget == 7  # the exact budget wins over the effort
+    assert ChatRequest(model="m", messages=msgs).reasoning_budget is None
+    with pytest.raises(ValueError, match="reasoning_effort"):
+        ChatRequest(model="m", messages=msgs, reasoning_effort="extreme")
+    with pytest.raises(ValueError, match="reasoning_budget"):
+        ChatRequest(model="m", messages=msgs, reasoning_budget=-2)
+
+
+# --- the split --------------------------------------------------------------------
+
+# (text, started, thinking, answer)
+CASES = [
+    ("Let me think.\nStill thinking.\n</think>\n\nThe answer.", True, "Let me think.\nStill thinking.", "The answer."),
+    ("<think>\nhmm\n</think>\n\nYes.", False, "hmm", "Yes."),
+    ("  \n<think>hmm</think>Yes.", False, "hmm", "Yes."),
+    ("Just an answer, </think> and <think> in it.", False, None, "Just an answer, </think> and <think> in it."),
+    ("thinking that never ends", True, "thinking that never ends", ""),
+    ("a </thin k> b <</think>c </think> d <think>e", True, "a </thin k> b <", "c </think> d <think>e"),
+    ("<thinking about it", False, None, "<thinking about it"),
+    ("<thi", False, None, "<thi"),
+    ("</think>The answer at once.", True, None, "The answer at once."),
+    ("", True, None, ""),
+]
+
+
+def stream(text: str, started: bool, cuts: list[int], tags: Thinking = THINK) -> tuple[str, str, list[str]]:
+    """text fed in pieces cut at `cuts`: the joined thinking and answer, and the order of the kinds emitted."""
+    s = ReasoningSplit(tags, started)
+    reasoning, content, order = "", "", []
+    bounds = [0, *cuts, len(text)]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    for out in [*(s.feed(p) for p in pieces), s.end()]:
+        reasoning += out[0]
+        content += out[1]
+        order += ["r"] * bool(out[0]) + ["c"] * bool(out[1])
+    return reasoning, content, order
+
+
+@pytest.mark.parametrize(("text", "started", "thinking", "answer"), CASES)
+def test_split_at_every_position_equals_the_whole(text, started, thinking, answer):
+    assert split(text, THINK, started) == (thinking, answer)
+    for cut in range(len(text) + 1):
+        r, c, order = stream(text, started, [cut])
+        assert (r or None, c) == (thinking, answer), f"cut at {cut}: {text[:cut]!r} | {text[cut:]!r}"
+        assert order == sorted(order, key="rc".index), f"an answer piece came before thinking (cut at {cut})"
+    r, c, _ = stream(text, started, list(range(1, len(text))))  # one character at a time
+    assert (r or None, c) == (thinking, answer)
+
+
+def test_only_a_possible_tag_is_held_back():
+    s = ReasoningSplit(THINK, started=True)
+    assert s.feed("abc</th") == ("abc", "")  # "</th" may begin the close tag
+    assert s.thinking_now
+    assert s.feed("ey") == ("</they", "")  # it did not
+    assert s.feed(" and then \n") == (" and then", "")  # whitespace may precede the close: held
+    assert s.feed("more</think>") == (" \nmore", "")
+    assert not s.thinking_now
+    assert s.feed("\n\n") == ("", "")  # blank lines between the block and the answer are dropped
+    assert s.feed("Answer <th") == ("", "Answer <th")  # after the block, nothing is held
+    assert s.end() == ("", "")
+
+
+def test_other_tags_split_alike():
+    tags = Thinking("[THINK]", "[/THINK]")
+    text = "[THINK]weigh it[/THINK]Done."
+    assert split(text, tags, started=False) == ("weigh it", "Done.")
+    for cut in range(len(text) + 1):
+        r, c, _ = stream(text, False, [cut], tags)
+        assert (r, c) == ("weigh it", "Done.")
+
+
+# --- the grammar, on the default model's vocabulary -------------------------------
+
+
+@pytest.fixture(scope="module")
+def grammars(model_path):
+    from edgeinfer.engine.grammar import Grammars
+    from edgeinfer.llamacpp.core import Model
+
+    model = Model(model_path)
+    yield Grammars(model.vocab)
+    model.close()
+
+
+class Driven:
+    """A model stand-in that wants to write `text` under a grammar: each token is checked against the mask, as the
+    engine samples; what the grammar forces is taken; a refused token stops it (refused says where)."""
+
+    def __init__(self, grammars, grammar: Grammar) -> None:
+        self.vocab = grammars.vocab
+        self.guide = grammars.guides(grammars.compile(grammar), 1)[0]
+        self.text = ""  # written so far, forced tokens included
+        self.tokens = 0  # tokens written by choice (not forced)
+        self.forced = ""  # the text of the last forced tokens
+
+    def write(self, text: str) -> bool:
+        """Write text token by token; False at the first token the grammar refuses, or when it forces other text."""
+        while text:
+            t = self.vocab.tokenize(text, add_special=False)[0]
+            if not self.guide.allowed()[t]:
+                return False
+            forced = self.guide.advance(t)
+            self.tokens += 1
+            piece = self.vocab.detokenize([t])
+            self.forced = self.vocab.detokenize([f for f in forced if f != self.vocab.eos])
+            self.text += piece + self.forced
+            text = text[len(piece) :]
+            if not text.startswith(self.forced):
+                return False
+            text = text[len(self.forced) :]
+        return True
+
+    def ends(self) -> bool:
+        return bool(self.guide.allowed()[self.vocab.eos]) or self.guide.matcher.is_stopped()
+
+
+LONG = "I wonder what the user means by this, so let me go through it step by step and slowly. " * 4
+
+
+def test_a_budget_of_n_tokens_forces_the_close_tag(grammars):
+    n = 12
+    d = Driven(grammars, with_thinking(None, THINK, n, started=True))
+    assert not d.write(LONG), "the budget did not stop the thinking"
+    assert d.tokens == n  # exactly n tokens of thinking, then only the close tag
+    assert d.forced and THINK.close.startswith(d.forced), f"forced {d.forced!r}"
+    assert d.write(THINK.close[len(d.forced) :] + "\n\nThe answer is 4.")
+    assert d.ends()
+    reasoning, answer = split(d.text, THINK, started=True)
+    assert answer == "The answer is 4."
+    assert len(grammars.vocab.tokenize(reasoning, add_special=False)) <= n
+
+
+def test_the_model_may_close_within_the_budget(grammars):
+    d = Driven(grammars, with_thinking(None, THINK, 40, started=True))
+    assert d.write("Short thought.\n</think>\n\nAnswer <think> free.")
+    assert d.ends()
+    # Without a budget and without a grammar there is nothing to hold.
+    assert with_thinking(None, THINK, None, started=True) is None
+
+
+def test_a_budget_of_zero_closes_the_block_at_once(grammars):
+    d = Driven(grammars, with_thinking(None, THINK, 0, started=True))
+    assert not d.write("Let me think")
+    assert d.write(THINK.close + "\n\nNo thinking.")
+    # Where the prompt opened none, the model may not open one.
+    d = Driven(grammars, with_thinking(None, THINK, 0, started=False))
+    assert not d.write("<think>\nhmm")
+    d = Driven(grammars, with_thinking(None, THINK, 0, started=False))
+    assert d.write("A plain answer.")
+
+
+def test_the_model_may_open_the_block_itself(grammars):
+    g = with_thinking(None, THINK, 8, started=False)
+    d = Driven(grammars, g)
+    assert d.write("A plain answer, no thinking.")
+    d = Driven(grammars, g)
+    assert not d.write("<think>\n" + LONG)
+    assert d.forced and THINK.close.startswith(d.forced)
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+
+
+@pytest.mark.parametrize(
+    ("grammar", "good", "bad"),
+    [
+        (Grammar(kind="json_schema", source=json.dumps(SCHEMA), origin="response_format"), '{"answer": 4}', "Four."),
+        (Grammar(kind="lark", source='start: "yes" | "no"'), "yes", "maybe"),
+        (Grammar(kind="regex", source=r"[0-9]+/[0-9]+"), "3/4", "three quarters"),
+    ],
+)
+def test_the_answer_after_the_thinking_keeps_its_grammar(grammars, grammar, good, bad):
+    for budget in (None, 10):
+        g = with_thinking(grammar, THINK, budget, started=True)
+        assert g is not None and g.origin == grammar.origin  # errors still name the client's field
+        d = Driven(grammars, g)
+        assert d.write("Some thought.\n</think>\n\n" + good)
+        assert d.ends()
+        d = Driven(grammars, g)
+        assert not d.write("Some thought.\n</think>\n\n" + bad)
+    d = Driven(grammars, with_thinking(grammar, THINK, 6, started=True))
+    assert not d.write(LONG)
+    assert d.tokens == 6
