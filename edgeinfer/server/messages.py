@@ -34,6 +34,7 @@ from edgeinfer.server.messages_schema import (
     MessagesBody,
     MessagesRequest,
     TextBlock,
+    ThinkingConfig,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -100,6 +101,8 @@ def to_chat(body: MessagesBody) -> ChatRequest:
             values["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
         # Anthropic's default is parallel calls; disable_parallel_tool_use holds the answer to one.
         values["parallel_tool_calls"] = not (choice is not None and choice.disable_parallel_tool_use)
+    if body.thinking is not None:
+        values["reasoning_budget"] = thinking_budget(body.thinking)
     if body.output_config is not None and body.output_config.format is not None:
         schema = body.output_config.format.schema_
         values["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -121,6 +124,16 @@ def to_chat(body: MessagesBody) -> ChatRequest:
         raise RequestError(
             f"the conversation, translated, breaks a limit of the chat request: {where}: {err.get('msg')}"
         ) from None
+
+
+def thinking_budget(thinking: ThinkingConfig) -> int | None:
+    """Extended thinking as the internal request's budget: enabled with budget_tokens bounds it, disabled
+    closes the block at once; adaptive (and enabled without a budget) leave the server's --reasoning-budget."""
+    if thinking.type == "disabled":
+        return 0
+    if thinking.type == "enabled":
+        return thinking.budget_tokens
+    return None
 
 
 def _turn(i: int, m: MessageParam, calls: dict[str, str]) -> list[dict[str, Any]]:
@@ -233,8 +246,12 @@ class MessagesDialect:
     def _close(self) -> list[dict[str, str]]:
         if self.open is None:
             return []
+        out = []
+        if self.open == "thinking":  # Anthropic ends a thinking block with its signature (none here)
+            delta = {"type": "signature_delta", "signature": ""}
+            out.append(_sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}))
         self.open = None
-        return [_sse({"type": "content_block_stop", "index": self.blocks - 1})]
+        return [*out, _sse({"type": "content_block_stop", "index": self.blocks - 1})]
 
     def _open(self, block: dict[str, Any]) -> list[dict[str, str]]:
         out = self._close()

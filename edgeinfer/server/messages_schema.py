@@ -169,7 +169,10 @@ class ToolChoice(_Strict):
 
 
 class ThinkingConfig(_Strict):
-    """Extended thinking: accepted; the reasoning of models that think is issue 28's."""
+    """Extended thinking: for a model whose template thinks, enabled with budget_tokens bounds its thinking (the
+    close tag forced when spent), disabled closes the block at once; adaptive and between_tools leave the
+    server's --reasoning-budget. A model that does not think ignores it. Unlike Anthropic, budget_tokens may
+    be under 1024 or over max_tokens (max_tokens then cuts the thinking)."""
 
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None

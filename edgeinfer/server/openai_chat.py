@@ -53,8 +53,9 @@ FINISH = {
 }
 
 
-def usage(finishes: list[Finish]) -> dict[str, Any]:
-    """Prompt tokens count once: the n streams of a request share one prompt."""
+def usage(finishes: list[Finish], reasoning: int = 0) -> dict[str, Any]:
+    """Prompt tokens count once: the n streams of a request share one prompt. reasoning: the completion
+    tokens that were thinking (a reasoning model's), as OpenAI counts them."""
     s0 = finishes[0].stats
     completion = sum(f.stats.completion_tokens for f in finishes)
     return {
@@ -62,7 +63,12 @@ def usage(finishes: list[Finish]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": s0.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": s0.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
+
+
+def _usage(done: list[Done]) -> dict[str, Any]:
+    return usage([d.finish for d in done], sum(getattr(d, "reasoning_tokens", 0) for d in done))
 
 
 def timings(stats: list[StreamStats]) -> dict[str, Any]:
@@ -114,7 +120,7 @@ class _OpenAI:
         if not self.include_usage:
             return []
         out = self._envelope(self.chunk_name, [])
-        out["usage"] = usage([d.finish for d in done])
+        out["usage"] = _usage(done)
         out["timings"] = timings([d.finish.stats for d in done])
         return [sse_data(out)]
 
@@ -127,7 +133,7 @@ class _OpenAI:
 
     def _whole(self, obj: str, choices: list[dict[str, Any]], done: list[Done]) -> dict[str, Any]:
         out = self._envelope(obj, choices)
-        out["usage"] = usage([d.finish for d in done])
+        out["usage"] = _usage(done)
         out["timings"] = timings([d.finish.stats for d in done])
         return out
 

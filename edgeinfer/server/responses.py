@@ -86,6 +86,8 @@ def to_chat(req: ResponsesRequest, tools: list[FunctionTool], items: list[dict[s
     }
     if req.ignore_eos:
         body["ignore_eos"] = True
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        body["reasoning_effort"] = req.reasoning.effort
     for name in ("temperature", "top_p", "seed"):
         if getattr(req, name) is not None:
             body[name] = getattr(req, name)
@@ -124,7 +126,7 @@ def echo(req: ResponsesRequest, chat: ChatRequest, tools: list[FunctionTool]) ->
         "metadata": req.metadata or {},
         "parallel_tool_calls": chat.parallel_tool_calls,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
         "store": req.stored,
         "temperature": chat.temperature,
         "text": text,

@@ -1,10 +1,12 @@
 """The neutral event stream as OpenAI's Responses: one Response object, or the typed SSE sequence.
 
 Streamed, a response is `response.created`, `response.in_progress`, then per output item
-`response.output_item.added` ... `response.output_item.done` (a message's text part between
-`response.content_part.added` and `.done`, its text as `response.output_text.delta` events; a
-function call's arguments as one `response.function_call_arguments.delta` and `.done`), and
-last `response.completed`, `response.incomplete` (max_output_tokens) or `response.failed`.
+`response.output_item.added` ... `response.output_item.done` (a reasoning model's thinking first, as a
+`reasoning` item whose `reasoning_text` part streams as `response.reasoning_text.delta` events; a
+message's text part between `response.content_part.added` and `.done`, its text as
+`response.output_text.delta` events; a function call's arguments as one
+`response.function_call_arguments.delta` and `.done`), and last `response.completed`,
+`response.incomplete` (max_output_tokens) or `response.failed`.
 Every event carries `type` (also the SSE event name) and `sequence_number`; no [DONE] follows.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from edgeinfer.server.output import Done, Event, TextDelta, ToolCall
+from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
 from edgeinfer.server.schema import error_body
 
 # The neutral end of a choice to the response's status.
@@ -45,7 +47,7 @@ def usage(done: Done) -> dict[str, Any]:
         "input_tokens": s.prompt_tokens,
         "input_tokens_details": {"cached_tokens": s.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": s.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": getattr(done, "reasoning_tokens", 0)},
         "total_tokens": s.prompt_tokens + s.completion_tokens,
     }
 
@@ -54,6 +56,13 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     """An assistant message; text None while streaming, before its part is added."""
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """A reasoning model's thinking, as its text (OpenAI's open-weight models' shape: no summary, nothing
+    encrypted); text None while streaming, before its part is added."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
 def call_item(item_id: str, call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
@@ -84,8 +93,8 @@ class ResponsesDialect:
         self.created_at = int(time.time())
         self.seq = 0
         self.output: list[dict[str, Any]] = []  # finished items
-        self.open: dict[str, Any] | None = None  # the message being streamed
-        self.text = ""
+        self.open: dict[str, Any] | None = None  # the message or reasoning item being streamed
+        self.text = ""  # its text so far
 
     # --- the Response object ---------------------------------------------------------
 
@@ -118,10 +127,13 @@ class ResponsesDialect:
         return response
 
     def response(self, done: list[Done], events: list[Event]) -> dict[str, Any]:
-        """The whole answer at once: its text as one message, then its function calls."""
+        """The whole answer at once: its thinking as a reasoning item, its text as one message, then its calls."""
         text = "".join(ev.text for ev in events if isinstance(ev, TextDelta))
         calls = [ev for ev in events if isinstance(ev, ToolCall)]
         status = "completed" if STATUS.get(done[0].reason) == "completed" else "incomplete"
+        if thought := "".join(ev.text for ev in events if isinstance(ev, ReasoningDelta)):
+            # Cut by max_output_tokens before the answer began, the thinking is what is incomplete.
+            self.output.append(reasoning_item(new_id("rs"), thought, status if not text and not calls else "completed"))
         if text or not calls:
             self.output.append(message_item(new_id("msg"), text, status))
         for call in calls:
@@ -140,22 +152,31 @@ class ResponsesDialect:
         return [self._sse("response.created", response=first), self._sse("response.in_progress", response=first)]
 
     def on(self, ev: Event) -> list[dict[str, str]]:
+        if isinstance(ev, ReasoningDelta):
+            if not ev.text:
+                return []
+            out = self._open_item("reasoning")
+            self.text += ev.text
+            return [*out, self._sse("response.reasoning_text.delta", **self._where(), delta=ev.text)]
         if isinstance(ev, TextDelta):
             if not ev.text:
                 return []  # a logprob alone, or text held back
-            out = self._open_message()
+            out = self._open_item("message")
             self.text += ev.text
             where = self._where()
             return [*out, self._sse("response.output_text.delta", **where, delta=ev.text, logprobs=[])]
         if isinstance(ev, ToolCall):
-            out = self._close_message("completed")
+            out = self._close_item("completed")
             return [*out, *self._call(ev)]
         if isinstance(ev, Done):
-            called = any(item["type"] == "function_call" for item in self.output)
+            status = "completed" if STATUS.get(ev.reason) == "completed" else "incomplete"
+            thinking = self.open is not None and self.open["type"] == "reasoning"
+            out = self._close_item("completed" if thinking and status == "completed" else status)
             # An answer with neither text nor calls is still one (empty) message.
-            out = self._open_message() if self.open is None and not called else []
-            return [*out, *self._close_message("completed" if STATUS.get(ev.reason) == "completed" else "incomplete")]
-        return []  # reasoning: issue 28 renders it as reasoning items
+            if not any(item["type"] in ("message", "function_call") for item in self.output):
+                out += [*self._open_item("message"), *self._close_item(status)]
+            return out
+        return []
 
     def end(self, done: list[Done]) -> list[dict[str, str]]:
         response = self._finished(done[0])
@@ -172,26 +193,37 @@ class ResponsesDialect:
         assert self.open is not None
         return {"item_id": self.open["id"], "output_index": len(self.output), "content_index": 0}
 
-    def _open_message(self) -> list[dict[str, str]]:
-        if self.open is not None:
+    def _open_item(self, kind: str) -> list[dict[str, str]]:
+        """Open a message or reasoning item (closing the other kind first); nothing when one of kind is open."""
+        if self.open is not None and self.open["type"] == kind:
             return []
-        self.open = message_item(new_id("msg"), None, "in_progress")
+        out = self._close_item("completed")
+        if kind == "reasoning":
+            self.open = reasoning_item(new_id("rs"), None, "in_progress")
+            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+        else:
+            self.open = message_item(new_id("msg"), None, "in_progress")
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self.text = ""
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return [
+            *out,
             self._sse("response.output_item.added", output_index=len(self.output), item=self.open),
             self._sse("response.content_part.added", **self._where(), part=part),
         ]
 
-    def _close_message(self, status: str) -> list[dict[str, str]]:
+    def _close_item(self, status: str) -> list[dict[str, str]]:
         if self.open is None:
             return []
         where = self._where()
-        item = message_item(self.open["id"], self.text, status)
-        part = item["content"][0]
+        if self.open["type"] == "reasoning":
+            item = reasoning_item(self.open["id"], self.text, status)
+            done = self._sse("response.reasoning_text.done", **where, text=self.text)
+        else:
+            item = message_item(self.open["id"], self.text, status)
+            done = self._sse("response.output_text.done", **where, text=self.text, logprobs=[])
         out = [
-            self._sse("response.output_text.done", **where, text=self.text, logprobs=[]),
-            self._sse("response.content_part.done", **where, part=part),
+            done,
+            self._sse("response.content_part.done", **where, part=item["content"][0]),
             self._sse("response.output_item.done", output_index=where["output_index"], item=item),
         ]
         self.output.append(item)

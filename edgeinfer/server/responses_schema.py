@@ -62,9 +62,10 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    """Accepted for reasoning models' clients; issue 28 gives it a meaning."""
+    """effort bounds a reasoning model's thinking, as chat's reasoning_effort does (a budget in tokens); a model
+    that does not think ignores it. summary is accepted: the thinking comes whole, never summarized."""
 
-    effort: str | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None
     generate_summary: str | None = None
 
@@ -83,6 +84,7 @@ class ResponsesRequest(_Strict):
     # Off unless asked, as in edgeinfer's chat completions: a small model left free repeats one call.
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None  # effort: a thinking budget
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -96,7 +98,6 @@ class ResponsesRequest(_Strict):
     user: str | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    reasoning: ReasoningConfig | None = None
     service_tier: str | None = None
     background: Literal[False] | None = None  # no background mode: a response is made while its request waits
     prompt_cache_key: str | None = None
