@@ -1,12 +1,17 @@
-"""The `edgeinfer chat` loop: streaming replies, Ctrl-C stops a reply, not the program."""
+"""The `edgeinfer chat` loop: streaming replies, Ctrl-C stops a reply, not the program.
+
+A reasoning model's thinking is shown dimmed before its answer (/think hides or shows it) and is not kept
+in the conversation: the next turn's prompt holds the answers only, as reasoning templates expect."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -14,19 +19,31 @@ import click
 import platformdirs
 
 from edgeinfer.events import Chunk, Finish, StreamStats
+from edgeinfer.formats import reasoning
 from edgeinfer.options import SamplingParams
 
 HELP = """commands:
   /reset   forget the conversation
+  /think   hide or show the model's thinking (models that reason)
   /exit    leave (Ctrl-D works too)
   /help    this text
 Ctrl-C stops the reply being written."""
 
 
+@dataclass(slots=True)
+class Thought:
+    """New thinking text of the reply (a reasoning model's), apart from its answer."""
+
+    text: str
+
+
+Reply = Iterator[Chunk | Thought | Finish]  # a reply's events; its Finish's text is the answer alone
+
+
 class ChatBackend(Protocol):
     """Where replies come from: the in-process engine or a server on a socket."""
 
-    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Iterator[Chunk | Finish]: ...
+    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Reply: ...
     def cancel(self) -> None: ...
     def reset(self) -> None: ...
 
@@ -38,9 +55,37 @@ class EngineBackend:
         self.engine = engine
         self._handle: Any = None
 
-    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Iterator[Chunk | Finish]:
-        self._handle = self.engine.submit(self.engine.chat_prompt(messages), params)[0]
-        yield from self._handle
+    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Reply:
+        engine = self.engine
+        text = engine.chat_text(messages)
+        source, config = engine.template.source, engine.config
+        tags = reasoning.thinking_of(source)
+        split = None
+        if tags is not None:
+            # As the server does: the thinking bounded by --reasoning-budget, split by --reasoning-format.
+            started = reasoning.opened(text, tags)
+            budget = reasoning.budget_of(None, config.reasoning_budget)
+            grammar = reasoning.with_thinking(params.grammar, tags, budget, started)
+            params = params.model_copy(update={"grammar": grammar})
+            shown = reasoning.thinking_for(config.reasoning_format, source)
+            split = reasoning.ReasoningSplit(shown, started) if shown is not None else None
+        self._handle = engine.submit(engine.chat_tokens(text), params)[0]
+        if split is None:
+            yield from self._handle
+            return
+        for ev in self._handle:
+            if isinstance(ev, Chunk):
+                thought, answer = split.feed(ev.text)
+                if thought:
+                    yield Thought(thought)
+                yield dataclasses.replace(ev, text=answer)
+            else:
+                thought, answer = split.end()
+                if thought:
+                    yield Thought(thought)
+                if answer:
+                    yield Chunk(ev.index, answer, [], ev.t)
+                yield dataclasses.replace(ev, text=reasoning.split(ev.text, split.thinking, split.started)[1])
 
     def cancel(self) -> None:
         if self._handle is not None:
@@ -59,7 +104,7 @@ class SocketBackend:
         self._client = client(socket_path, api_key)
         self._stream: Any = None
 
-    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Iterator[Chunk | Finish]:
+    def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Reply:
         import openai
 
         from edgeinfer.errors import EdgeInferError
@@ -83,6 +128,8 @@ class SocketBackend:
         text, reason = "", "stop"
         for chunk in self._stream:
             for choice in chunk.choices:
+                if thought := getattr(choice.delta, "reasoning_content", None):
+                    yield Thought(thought)
                 if choice.delta.content:
                     text += choice.delta.content
                     yield Chunk(0, choice.delta.content, [], 0.0)
@@ -161,8 +208,10 @@ def run_chat(
     params: SamplingParams,
     history: list[dict[str, str]] | None = None,
     save_to: Path | None = None,
+    show_thinking: bool = True,
 ) -> None:
-    """The REPL; with `history` it continues that conversation, with `save_to` it keeps it there after each reply."""
+    """The REPL; with `history` it continues that conversation, with `save_to` it keeps it there after each reply.
+    show_thinking: a reasoning model's thinking is shown (dimmed), else one line says it is thinking."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     if history:
         messages = history
@@ -187,6 +236,10 @@ def run_chat(
         if cmd == "/help":
             click.echo(HELP)
             continue
+        if cmd == "/think":
+            show_thinking = not show_thinking
+            click.echo(click.style(f"thinking {'shown' if show_thinking else 'hidden'}", dim=True))
+            continue
         if cmd == "/reset":
             messages = messages[:1] if system else []
             backend.reset()
@@ -196,7 +249,7 @@ def run_chat(
             click.echo(f"unknown command {cmd}; /help lists them")
             continue
         messages.append({"role": "user", "content": line})
-        finish = _stream_reply(backend, messages, params)
+        finish = _stream_reply(backend, messages, params, show_thinking)
         if finish is None or finish.finish_reason == "error":
             messages.pop()
             if finish is not None:
@@ -209,12 +262,24 @@ def run_chat(
         click.echo(click.style(stats_line(finish.stats) + note, dim=True))
 
 
-def _stream_reply(backend: ChatBackend, messages: list[dict[str, str]], params: SamplingParams) -> Finish | None:
+def _stream_reply(
+    backend: ChatBackend, messages: list[dict[str, str]], params: SamplingParams, show_thinking: bool = True
+) -> Finish | None:
     finish: Finish | None = None
     events = backend.reply(messages, params)
+    thinking = False  # thinking shown, and no answer yet: the answer starts on a line of its own
     try:
         for ev in events:
-            if isinstance(ev, Chunk):
+            if isinstance(ev, Thought):
+                if not thinking:
+                    click.echo(click.style("thinking: " if show_thinking else "thinking...", dim=True), nl=False)
+                    thinking = True
+                if show_thinking:
+                    click.echo(click.style(ev.text, dim=True), nl=False)
+            elif isinstance(ev, Chunk):
+                if thinking and ev.text:
+                    click.echo("\n" if show_thinking else " ", nl=False)
+                    thinking = False
                 click.echo(ev.text, nl=False)
             else:
                 finish = ev

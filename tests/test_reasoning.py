@@ -241,3 +241,54 @@ def test_the_answer_after_the_thinking_keeps_its_grammar(grammars, grammar, good
     d = Driven(grammars, with_thinking(grammar, THINK, 6, started=True))
     assert not d.write(LONG)
     assert d.tokens == 6
+
+
+# --- edgeinfer chat ----------------------------------------------------------------
+
+
+class ThinkingBackend:
+    """A backend whose replies think, then answer."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[dict[str, str]]] = []
+
+    def reply(self, messages, params):
+        from edgeinfer.chat_repl import Thought
+        from edgeinfer.events import Chunk, Finish, StreamStats
+
+        self.seen.append([dict(m) for m in messages])
+        yield Thought("Two and two ")
+        yield Thought("make four.")
+        yield Chunk(0, "It is ", [], 0.0)
+        yield Chunk(0, "4.", [], 0.0)
+        yield Finish(0, "stop", "It is 4.", [], StreamStats(5, 0, 9, None, None, 0.0))
+
+    def cancel(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def test_chat_shows_thinking_apart_and_hides_it_on_request(monkeypatch, capsys):
+    from edgeinfer.chat_repl import run_chat
+    from edgeinfer.options import SamplingParams
+
+    lines = iter(["What is 2+2?", "/think", "And again?"])
+
+    def fake_input(prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    backend = ThinkingBackend()
+    run_chat(backend, None, SamplingParams())
+    out = capsys.readouterr().out
+    assert "thinking: Two and two make four.\nIt is 4." in out  # shown, the answer on its own line
+    assert "thinking hidden" in out
+    assert "thinking... It is 4." in out  # hidden: a marker, then the answer
+    assert out.count("make four") == 1
+    # The conversation keeps the answers only.
+    assert backend.seen[1][1] == {"role": "assistant", "content": "It is 4."}

@@ -105,6 +105,7 @@ class ReasoningSplit:
 
     def __init__(self, thinking: Thinking, started: bool) -> None:
         self.thinking = thinking
+        self.started = started
         self.inside = started  # within the block now
         self.decided = started  # known whether the answer opens a block (before: whitespace or part of the tag)
         self.fresh = True  # nothing of the thinking emitted yet: its leading whitespace is dropped
