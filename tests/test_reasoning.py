@@ -292,3 +292,112 @@ def test_chat_shows_thinking_apart_and_hides_it_on_request(monkeypatch, capsys):
     assert out.count("make four") == 1
     # The conversation keeps the answers only.
     assert backend.seen[1][1] == {"role": "assistant", "content": "It is 4."}
+
+
+# --- rendering: the neutral events in each API --------------------------------------
+
+
+def test_responses_stream_a_reasoning_item_before_the_message():
+    from openai.types.responses import Response
+
+    from edgeinfer.server.output import ReasoningDelta, TextDelta
+
+    from .test_responses import _done, _stream
+
+    done = _done("stop", "x")
+    done.reasoning_tokens = 2
+    events = _stream([ReasoningDelta(0, "Two and "), ReasoningDelta(0, "two."), TextDelta(0, "4"), done])
+    assert [e["type"] for e in events][2:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert events[2]["item"]["type"] == "reasoning" and events[3]["part"]["type"] == "reasoning_text"
+    assert events[6]["text"] == "Two and two."
+    final = Response.model_validate(events[-1]["response"])
+    assert [o.type for o in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == "Two and two." and final.output_text == "4"
+    assert final.output[1].id != final.output[0].id
+    assert final.usage.output_tokens_details.reasoning_tokens == 2
+    # Cut by max_output_tokens while thinking: the reasoning item is incomplete, and an empty message follows.
+    cut = _stream([ReasoningDelta(0, "Hmm"), _done("length", "Hmm")])
+    final = Response.model_validate(cut[-1]["response"])
+    assert [(o.type, o.status) for o in final.output] == [("reasoning", "incomplete"), ("message", "incomplete")]
+
+
+def test_a_whole_response_has_the_reasoning_item_first():
+    from openai.types.responses import Response
+
+    from edgeinfer.server.output import ReasoningDelta, TextDelta
+    from edgeinfer.server.responses_render import ResponsesDialect
+
+    from .test_responses import _done
+
+    done = _done("stop", "x")
+    d = ResponsesDialect("m", {"tools": [], "tool_choice": "auto", "parallel_tool_calls": False})
+    r = Response.model_validate(d.response([done], [ReasoningDelta(0, "Think."), TextDelta(0, "Answer."), done]))
+    assert [(o.type, o.status) for o in r.output] == [("reasoning", "completed"), ("message", "completed")]
+    assert r.output[0].content[0].text == "Think." and r.output_text == "Answer."
+
+
+def test_messages_stream_a_thinking_block_with_its_signature():
+    from anthropic.types import Message
+
+    from edgeinfer.server.messages import MessagesDialect
+    from edgeinfer.server.output import Done, ReasoningDelta, TextDelta
+
+    from .test_messages import events_of, finish
+
+    d = MessagesDialect("m")
+    done = Done(0, "stop", finish())
+    evs = [ReasoningDelta(0, "Paris is "), ReasoningDelta(0, "the capital."), TextDelta(0, "Paris."), done]
+    items = d.start(1) + [item for ev in evs for item in d.on(ev)] + d.end([done])
+    seq = [(n, e.get("content_block", e.get("delta", {})).get("type")) for n, e in events_of(items)]
+    assert seq[1:9] == [
+        ("content_block_start", "thinking"),
+        ("ping", None),
+        ("content_block_delta", "thinking_delta"),
+        ("content_block_delta", "thinking_delta"),
+        ("content_block_delta", "signature_delta"),
+        ("content_block_stop", None),
+        ("content_block_start", "text"),
+        ("content_block_delta", "text_delta"),
+    ]
+    msg = Message.model_validate(MessagesDialect("m").response([done], evs))
+    assert [b.type for b in msg.content] == ["thinking", "text"] and msg.content[0].thinking == "Paris is the capital."
+
+
+def test_each_api_asks_for_a_budget_in_its_own_words():
+    from edgeinfer.server.messages import to_chat as messages_to_chat
+    from edgeinfer.server.messages_schema import MessagesRequest
+    from edgeinfer.server.responses import to_chat as responses_to_chat
+    from edgeinfer.server.responses_schema import ResponsesRequest, parse_items
+
+    def anthropic(thinking):
+        body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "thinking": thinking}
+        return messages_to_chat(MessagesRequest.model_validate(body)).reasoning_budget
+
+    assert anthropic({"type": "enabled", "budget_tokens": 40}) == 40
+    assert anthropic({"type": "disabled"}) == 0
+    assert anthropic({"type": "adaptive"}) is None
+
+    def openai(reasoning):
+        req = ResponsesRequest.model_validate({"model": "m", "input": "hi", "reasoning": reasoning})
+        return responses_to_chat(req, [], parse_items(req.input), 0).reasoning_budget
+
+    assert openai({"effort": "medium"}) == EFFORT_BUDGET["medium"]
+    assert openai({"effort": "none"}) == 0
+    assert openai({"summary": "auto"}) is None
+    with pytest.raises(ValueError, match="effort"):
+        openai({"effort": "enormous"})
