@@ -373,8 +373,11 @@ class TemplateEngine:
         self.rendered = ""
         self.grammars = self
 
-    def chat_prompt(self, messages, tools=None):
+    def chat_text(self, messages, tools=None):
         self.rendered = self.template.render(messages, tools=tools)
+        return self.rendered
+
+    def chat_tokens(self, text):
         return [1, 2, 3]
 
     def compile(self, grammar):

@@ -116,7 +116,10 @@ class Engine:
 
     def chat_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
         """chat_text, tokenized."""
-        text = self.chat_text(messages, tools)
+        return self.chat_tokens(self.chat_text(messages, tools))
+
+    def chat_tokens(self, text: str) -> list[int]:
+        """A rendered prompt's tokens: its special tokens read as such, BOS once."""
         bos = self.template.bos
         if self.vocab.add_bos and bos and text.startswith(bos):
             text = text[len(bos) :]  # the tokenizer adds BOS itself

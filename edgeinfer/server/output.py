@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from edgeinfer.events import Chunk, Finish, TokenLogprob
 from edgeinfer.formats.base import Call, CallStream, ToolFormat
+from edgeinfer.formats.reasoning import ReasoningSplit, Thinking, split
 
 
 @dataclass(slots=True)
@@ -26,7 +27,7 @@ class TextDelta:
 
 @dataclass(slots=True)
 class ReasoningDelta:
-    """New reasoning text of one choice (the model's thinking, apart from its answer); issue 28 fills it."""
+    """New reasoning text of one choice (the model's thinking, apart from its answer)."""
 
     index: int
     text: str
@@ -55,6 +56,7 @@ class Done:
     reason: str
     finish: Finish  # the engine's, with the text, token ids, logprobs and stats (usage)
     stop_sequence: str | None = None
+    reasoning_tokens: int = 0  # of the choice's tokens, those inside its thinking block
 
 
 Event = TextDelta | ReasoningDelta | ToolCall | Done
@@ -62,72 +64,100 @@ Event = TextDelta | ReasoningDelta | ToolCall | Done
 
 @dataclass(frozen=True, slots=True)
 class AnswerShape:
-    """How to read a choice's text: the format of its tool calls, if the request offered tools."""
+    """How to read a choice's text: its thinking block, then the format of its tool calls."""
 
-    calls: ToolFormat | None = None
+    calls: ToolFormat | None = None  # the family's format, when the request offered tools
+    thinking: Thinking | None = None  # the tags thinking is split from the answer at (None: not split)
+    started: bool = False  # the prompt opened the thinking block
 
 
 PLAIN = AnswerShape()
 
 
 class ChoiceOutput:
-    """One streamed choice: engine Chunks and its Finish to neutral events."""
+    """One streamed choice: engine Chunks and its Finish to neutral events (its thinking first, then its answer)."""
 
     def __init__(self, shape: AnswerShape) -> None:
         self.shape = shape
+        self.split = ReasoningSplit(shape.thinking, shape.started) if shape.thinking is not None else None
         self.calls = CallStream(shape.calls) if shape.calls is not None else None
         self.n_calls = 0
+        self.reasoning_tokens = 0
 
     def feed(self, chunk: Chunk) -> list[Event]:
         out: list[Event] = []
-        if self.calls is None:
-            text = chunk.text
-        else:
-            text, calls = self.calls.feed(chunk.text)
-            out.extend(self._calls(chunk.index, calls))
+        text = chunk.text
+        if self.split is not None:
+            if self.split.thinking_now:
+                self.reasoning_tokens += len(chunk.token_ids)
+            reasoning, text = self.split.feed(text)
+            if reasoning:
+                out.append(ReasoningDelta(chunk.index, reasoning))
+        calls: list[Call] = []
+        if self.calls is not None:
+            text, calls = self.calls.feed(text)
         if text or chunk.logprob is not None:
-            out.insert(0, TextDelta(chunk.index, text, chunk.logprob))
+            out.append(TextDelta(chunk.index, text, chunk.logprob))
+        out.extend(self._calls(chunk.index, calls))
         return out
 
     def end(self, finish: Finish) -> list[Event]:
-        """The choice's calls not sent yet, or else the text held back in case it opened one; then its Done."""
+        """The thinking and text held back, the choice's calls not sent yet; then its Done."""
         out: list[Event] = []
+        text = ""
+        if self.split is not None:
+            reasoning, text = self.split.end()
+            if reasoning:
+                out.append(ReasoningDelta(finish.index, reasoning))
         if self.calls is not None and finish.finish_reason in ("stop", "length"):
-            rest, calls = self.calls.end(finish.text)
-            if rest:
-                out.append(TextDelta(finish.index, rest))
-            out.extend(self._calls(finish.index, calls))
-        out.append(_done(finish, self.n_calls > 0))
+            _, content = _split(finish.text, self.shape)
+            text, calls = self.calls.feed(text)
+            rest, more = self.calls.end(content)
+            text += rest
+            calls += more
+        else:
+            calls = []
+        if text:
+            out.append(TextDelta(finish.index, text))
+        out.extend(self._calls(finish.index, calls))
+        out.append(_done(finish, self.n_calls > 0, self.reasoning_tokens))
         return out
 
     def _calls(self, index: int, calls: list[Call]) -> list[ToolCall]:
-        assert self.shape.calls is not None
-        out = [_event(self.shape.calls, index, self.n_calls + i, c) for i, c in enumerate(calls)]
+        assert self.shape.calls is not None or not calls
+        out = [_event(self.shape.calls, index, self.n_calls + i, c) for i, c in enumerate(calls)]  # type: ignore[arg-type]
         self.n_calls += len(out)
         return out
 
 
 def whole(finish: Finish, shape: AnswerShape) -> list[Event]:
-    """A choice answered in one piece: its text (the text before any call, trimmed), its calls, its Done."""
+    """A choice answered in one piece: its thinking, its text (before any call, trimmed), its calls, its Done."""
+    reasoning, content = _split(finish.text, shape)
+    out: list[Event] = [ReasoningDelta(finish.index, reasoning)] if reasoning else []
     fmt = shape.calls
     if fmt is None or finish.finish_reason not in ("stop", "length"):
-        before, found = finish.text, []
+        before, found = content, []
     else:
-        before, found = fmt.parse(finish.text, final=True)
-    out: list[Event] = [TextDelta(finish.index, before)] if before else []
+        before, found = fmt.parse(content, final=True)
+    if before:
+        out.append(TextDelta(finish.index, before))
     out.extend(_event(fmt, finish.index, i, c) for i, c in enumerate(found) if fmt is not None)
     out.append(_done(finish, bool(found)))
     return out
+
+
+def _split(text: str, shape: AnswerShape) -> tuple[str | None, str]:
+    return split(text, shape.thinking, shape.started) if shape.thinking is not None else (None, text)
 
 
 def _event(fmt: ToolFormat, index: int, call_index: int, call: Call) -> ToolCall:
     return ToolCall(index, call_index, call.id or fmt.new_id(), call.name, call.arguments)
 
 
-def _done(finish: Finish, called: bool) -> Done:
+def _done(finish: Finish, called: bool, reasoning_tokens: int = 0) -> Done:
     reason = finish.finish_reason  # stop | length | cancelled | error
     if reason == "stop" and called:
         reason = "tool_calls"
     elif reason == "stop" and finish.stop_sequence is not None:
         reason = "stop_sequence"
-    return Done(finish.index, reason, finish, finish.stop_sequence)
+    return Done(finish.index, reason, finish, finish.stop_sequence, reasoning_tokens)

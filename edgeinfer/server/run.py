@@ -16,6 +16,7 @@ from fastapi import Request
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.formats import reasoning
 from edgeinfer.formats.base import ToolFormat
 from edgeinfer.formats.select import format_class
 from edgeinfer.options import Grammar, SamplingParams
@@ -66,9 +67,10 @@ def chat_text(engine: Engine, req: ChatRequest) -> str:
 
 def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:
     """The prompt (messages, and tools where the template writes them), the sampling, grammar included,
-    and how to read the answer."""
+    and how to read the answer (its thinking, its calls)."""
     fmt, native = tool_format(engine, req)
-    prompt = engine.chat_prompt(*template_input(engine, req, fmt, native))
+    text = engine.chat_text(*template_input(engine, req, fmt, native))
+    prompt = engine.chat_tokens(text)
     fmt_grammar = req.response_format.grammar() if req.response_format is not None else None
     grammar = tools.tools_grammar(req, fmt) or fmt_grammar
     if tools.uses_tools(req):
@@ -84,7 +86,19 @@ def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingPar
                         origin=f"tools[{i}].function.parameters",
                     )
                 )
-    shape = AnswerShape(calls=fmt if tools.uses_tools(req) else None)
+    # Thinking: where the template opens a block (or the model may), the grammar lets it think first, within
+    # the request's budget; the answer is split at the tags unless --reasoning-format none.
+    source = engine.template.source
+    tags = reasoning.thinking_of(source)
+    started = tags is not None and reasoning.opened(text, tags)
+    if tags is not None:
+        budget = reasoning.budget_of(req.reasoning_budget, engine.config.reasoning_budget)
+        grammar = reasoning.with_thinking(grammar, tags, budget, started)
+    shape = AnswerShape(
+        calls=fmt if tools.uses_tools(req) else None,
+        thinking=reasoning.thinking_for(engine.config.reasoning_format, source),
+        started=started,
+    )
     return prompt, req.to_sampling(grammar), shape
 
 
