@@ -6,30 +6,14 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.formats.base import ToolFormat
 from edgeinfer.formats.generic import Generic
 from edgeinfer.formats.hermes import Hermes
+from edgeinfer.formats.llama3 import Llama3
+from edgeinfer.formats.mistral import Mistral
+from edgeinfer.formats.qwen3_coder import Qwen3Coder
 
-
-def families() -> list[type[ToolFormat]]:
-    """The formats, most specific first: the first whose detect() knows the template wins."""
-    found: list[type[ToolFormat]] = []
-    try:
-        from edgeinfer.formats.qwen3_coder import Qwen3Coder
-
-        found.append(Qwen3Coder)
-    except ImportError:
-        pass
-    try:
-        from edgeinfer.formats.mistral import Mistral
-
-        found.append(Mistral)
-    except ImportError:
-        pass
-    try:
-        from edgeinfer.formats.llama3 import Llama3
-
-        found.append(Llama3)
-    except ImportError:
-        pass
-    return [*found, Hermes, Generic]
+# Most specific first: the first whose detect() knows the template wins (Qwen3-Coder's template also
+# names <tool_call>, so it comes before Hermes).
+FAMILIES: tuple[type[ToolFormat], ...] = (Qwen3Coder, Mistral, Llama3, Hermes)
+KNOWN: dict[str, type[ToolFormat]] = {f.name: f for f in (*FAMILIES, Generic)}
 
 
 def format_class(template: str, renders_tools: bool, override: str = "auto") -> type[ToolFormat]:
@@ -37,11 +21,10 @@ def format_class(template: str, renders_tools: bool, override: str = "auto") -> 
 
     A template that renders tools in a syntax none of the families knows gets Hermes (the most
     common); one that renders no tools gets Generic (tools described in a system message)."""
-    known = {f.name: f for f in families()}
     if override != "auto":
-        if override not in known:
-            raise ConfigError(f"--tool-format {override}: not a known format; use one of auto, {', '.join(known)}")
-        return known[override]
+        if override not in KNOWN:
+            raise ConfigError(f"--tool-format {override}: not a known format; use one of auto, {', '.join(KNOWN)}")
+        return KNOWN[override]
     if not renders_tools:
         return Generic
-    return next((f for f in families() if f.detect(template)), Hermes)
+    return next((f for f in FAMILIES if f.detect(template)), Hermes)
