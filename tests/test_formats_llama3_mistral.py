@@ -158,6 +158,8 @@ def test_mistral_reads_calls_with_their_ids_however_spaced():
         ("get_weather", PARIS, "a1B2c3D4e"),
         ("add", {"a": 1, "b": 2}, "Zz9Yy8Xx7"),
     ]
+    twice = text.replace("Zz9Yy8Xx7", "a1B2c3D4e")
+    assert [c.id for c in fmt.parse(twice, final=True)[1]] == ["a1B2c3D4e", None]  # a repeated id: a new one later
     # SGLang's form (a space after the tag), no id, and text before: read too; a missing id stays None.
     before, calls = fmt.parse('Checking. [TOOL_CALLS] [ {"name": "add", "arguments": {"a": 1, "b": 2}} ]', final=True)
     assert before == "Checking." and [(c.name, c.id) for c in calls] == [("add", None)]
@@ -405,7 +407,7 @@ TEMPLATE_OF = {"llama3": LLAMA33, "mistral": NEMO}
 def family_engine(request, model_path, tmp_path_factory):
     family = request.param
     path = with_template(model_path, TEMPLATE_OF[family.name], tmp_path_factory.mktemp(family.name) / "model.gguf")
-    engine = make_engine(EngineConfig(model=path, parallel=8, ctx_size=8192))
+    engine = make_engine(EngineConfig(model=path, parallel=8, ctx_size=16384))
     yield family, engine
     engine.close()
 
@@ -432,19 +434,20 @@ def test_the_prompt_is_the_one_transformers_renders(family_engine):
     assert "get_weather" in ours and "21 degrees" in ours  # the tools and the whole history are in it
 
 
-def test_forced_calls_at_temperature_0_8_all_validate(family_engine):
+@pytest.mark.parametrize("parallel", [False, True], ids=["one", "parallel"])
+def test_forced_calls_at_temperature_0_8_all_validate(family_engine, parallel: bool):
     family, engine = family_engine
     fmt = family(TOOLS)
     messages = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
     prompt = engine.chat_prompt(messages, openai_tools(TOOLS))
-    source = fmt.grammar(TOOLS, required=True, parallel=True, answer="")
+    source = fmt.grammar(TOOLS, required=True, parallel=parallel, answer="")
     params = SamplingParams(
         temperature=0.8,
         seed=7,
-        max_tokens=200,
+        max_tokens=600,  # room for MAX_CALLS calls: a small model left free repeats one call
         grammar=Grammar.model_construct(kind="lark", source=source, origin="tools"),
     )
-    handles = engine.submit(prompt, params, n=26)
+    handles = [h for _ in range(4) for h in engine.submit(prompt, params, n=7)]  # 28 answers, 8 streams at a time
     schemas = {t.name: t.parameters for t in TOOLS}
     for h in handles:
         events = h.collect()
@@ -452,10 +455,12 @@ def test_forced_calls_at_temperature_0_8_all_validate(family_engine):
         assert finish.finish_reason == "stop", (finish.finish_reason, finish.text)
         before, calls = fmt.parse(finish.text, final=True)
         assert before is None and calls, finish.text
+        assert parallel or len(calls) == 1
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
-            if family is Mistral:
-                assert call.id and re.fullmatch("[A-Za-z0-9]{9}", call.id)
+        if family is Mistral:
+            ids = [c.id for c in calls]  # the model's, or None where it repeated one (the server makes a new one)
+            assert ids[0] and all(i is None or re.fullmatch("[A-Za-z0-9]{9}", i) for i in ids), ids
         # Streamed, the same calls come out of the chunks as they arrive, and no content.
         content, streamed_calls = streamed(fmt, [e.text for e in events if isinstance(e, Chunk)])
         assert (content.strip(), streamed_calls) == ("", calls)

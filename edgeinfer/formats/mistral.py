@@ -67,8 +67,10 @@ class Mistral(ToolFormat):
         if required:
             return f'start: "{OPEN}" items\n{items}\n'
         if answer.startswith("answer: PLAIN"):
-            # Free text may come before the calls; the stop string ends it and is the calls' opening.
-            start = f'start: answer | prose items\nprose[stop="{OPEN}"]: /(?s:.*)/'
+            # Free text may come before the calls, up to the first opening (a lazy lexeme ends there). Not a stop
+            # string: one token may hold the opening's end and the list's "[" ("][" in SmolLM2's vocabulary), and
+            # what follows a stop string in its token is lost to the next rule.
+            start = "start: answer | prose items\nprose[lazy]: " + r"/(?s:.*)\[TOOL_CALLS\]/"
         else:
             start = f'start: answer | "{OPEN}" items'  # a response_format answer, or calls
         return f"{start}\n{answer}\n{items}\n"
@@ -94,6 +96,8 @@ class Mistral(ToolFormat):
                 call = _call(obj)
                 if call is None:
                     break
+                if call.id is not None and any(c.id == call.id for c in calls):
+                    call.id = None  # one id for two calls cannot tell their results apart: new_id makes one
                 calls.append(call)
                 pos = _skip(text, pos)
                 if not many or not text.startswith(",", pos):
