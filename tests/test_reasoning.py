@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -401,3 +403,134 @@ def test_each_api_asks_for_a_budget_in_its_own_words():
     assert openai({"summary": "auto"}) is None
     with pytest.raises(ValueError, match="effort"):
         openai({"effort": "enormous"})
+
+
+# --- end to end: QwQ-32B's template on the default model's weights -------------------
+
+BUDGET = 12  # thinking tokens at most in the budget tests
+QUESTION = [{"role": "user", "content": "What is 2+2? Think first."}]
+
+
+@pytest.fixture(scope="module")
+def qwq_server(model_path, tmp_path_factory):
+    """`edgeinfer serve` on a copy of the default model whose chat template is QwQ-32B's (it opens `<think>\\n`)."""
+    from .test_server import start_server, stop_process
+
+    folder = tmp_path_factory.mktemp("qwq")
+    copy = folder / "smollm2-qwq-template.gguf"
+    cmd = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(model_path), str(copy)]
+    subprocess.run([*cmd, "--chat-template-file", str(TEMPLATES / "Qwen-QwQ-32B.jinja"), "--force"], check=True,
+                   capture_output=True)  # fmt: skip
+    proc = start_server(folder / "edgeinfer.sock", "--model", str(copy), "--parallel", "2")
+    yield folder / "edgeinfer.sock"
+    stop_process(proc)
+
+
+def thinking_tokens(tokens: list[str], thinking: str) -> int:
+    """How many of the sampled tokens (logprobs list those; forced ones have none) wrote the thinking."""
+    n = 0
+    while n < len(tokens) and thinking.startswith("".join(tokens[: n + 1]).lstrip()):
+        n += 1
+    return n
+
+
+def test_chat_completions_think_apart_within_the_budget(qwq_server):
+    from edgeinfer.client import client
+
+    oai = client(qwq_server)
+    args = {"model": "default", "messages": QUESTION, "max_tokens": 40, "temperature": 0}
+    r = oai.chat.completions.create(**args, logprobs=True, extra_body={"reasoning_budget": BUDGET})
+    m = r.choices[0].message
+    thinking = (m.model_extra or {}).get("reasoning_content")
+    tokens = [lp.token for lp in r.choices[0].logprobs.content]
+    # The model, which never learnt to close a block, thinks until the budget; then the close tag is forced
+    # (it is in neither field) and the answer follows.
+    assert thinking and THINK.close not in thinking
+    assert 0 < thinking_tokens(tokens, thinking) <= BUDGET
+    assert "".join(tokens).lstrip().startswith(thinking)
+    assert m.content and not m.content.startswith(THINK.close)
+
+    # Streamed: the thinking's deltas, then the answer's; the usage counts the thinking's tokens.
+    kinds, thought, answer, usage = [], "", "", None
+    stream = oai.chat.completions.create(
+        **args, stream=True, stream_options={"include_usage": True}, extra_body={"reasoning_budget": BUDGET}
+    )
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            if r_text := (c.delta.model_extra or {}).get("reasoning_content"):
+                kinds.append("r")
+                thought += r_text
+            if c.delta.content:
+                kinds.append("c")
+                answer += c.delta.content
+    assert thought and answer and kinds == sorted(kinds, key="rc".index)
+    assert THINK.close not in thought and not answer.startswith(THINK.close)
+    assert usage is not None and 0 < usage.completion_tokens_details.reasoning_tokens <= BUDGET + 4  # + the tag
+
+
+def test_no_budget_thinks_to_max_tokens_and_zero_thinks_not_at_all(qwq_server):
+    from edgeinfer.client import client
+
+    oai = client(qwq_server)
+    r = oai.chat.completions.create(model="default", messages=QUESTION, max_tokens=16, temperature=0)
+    m = r.choices[0].message
+    # Unbounded, this model never closes the block: all it writes, to its end or max_tokens, is thinking.
+    assert (m.model_extra or {}).get("reasoning_content") and not m.content
+    r = oai.chat.completions.create(
+        model="default", messages=QUESTION, max_tokens=16, temperature=0, reasoning_effort="none"
+    )
+    m = r.choices[0].message
+    assert not (m.model_extra or {}).get("reasoning_content")
+    assert THINK.close not in (m.content or "")
+
+
+def test_responses_give_a_reasoning_item_before_the_message(qwq_server):
+    from openai.types.responses import Response
+
+    from edgeinfer.client import client
+
+    oai = client(qwq_server)
+    args = {"model": "default", "input": QUESTION, "max_output_tokens": 48, "temperature": 0}
+    args["extra_body"] = {"reasoning": {"effort": "minimal"}}  # 64 tokens: bounded by max_output_tokens here
+    r = oai.responses.create(**args)
+    assert r.output[0].type == "reasoning" and r.output[0].content[0].text
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert THINK.close not in r.output[0].content[0].text and not r.output_text.startswith(THINK.close)
+
+    events = list(oai.responses.create(**args, stream=True))
+    types = [e.type for e in events]
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message"]
+    assert "response.reasoning_text.delta" in types
+    if "response.output_text.delta" in types:
+        assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
+    final = Response.model_validate(events[-1].response.model_dump())
+    assert final.usage.output_tokens_details.reasoning_tokens > 0
+    assert final.output[0].content[0].text == "".join(
+        e.delta for e in events if e.type == "response.reasoning_text.delta"
+    )
+
+
+def test_messages_give_thinking_blocks_before_the_text(qwq_server):
+    from edgeinfer.client import anthropic_client
+
+    claude = anthropic_client(qwq_server)
+    # This SDK release sends no sampling fields of its own: the body takes them.
+    args = {"model": "default", "messages": QUESTION, "max_tokens": 40, "extra_body": {"temperature": 0}}
+    msg = claude.messages.create(**args, thinking={"type": "enabled", "budget_tokens": BUDGET})
+    kinds = [b.type for b in msg.content]
+    assert kinds[0] == "thinking" and msg.content[0].thinking and set(kinds[1:]) <= {"text"}
+    assert THINK.close not in msg.content[0].thinking
+
+    with claude.messages.stream(**args, thinking={"type": "enabled", "budget_tokens": BUDGET}) as s:
+        events = list(s)
+        final = s.get_final_message()
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
+    assert starts[0] == "thinking" and set(starts[1:]) <= {"text"}
+    assert deltas[0] == "thinking_delta" and "signature_delta" in deltas
+    assert final.content[0].type == "thinking" and final.content[0].thinking
+
+    off = claude.messages.create(**args, thinking={"type": "disabled"})
+    assert all(b.type == "text" for b in off.content)
