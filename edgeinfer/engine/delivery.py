@@ -142,8 +142,8 @@ class Delivery:
         index, t = live.stream.index, now - live.t_submit
         if self.vocab.is_eog(token) and (
             live.guide is not None or not live.params.ignore_eos
-        ):  # a grammar's end is the end
-            return Status.STOPPED
+        ):  # a grammar's end is the end; one the budget steered it to says so
+            return Status.LENGTH if live.guide is not None and live.guide.steered else Status.STOPPED
         delta = live.text.feed(self.vocab.piece(token))
         if live.text.stopped:
             if delta:

@@ -8,7 +8,8 @@ chain to the tokens the grammar allows (llguidance computes a mask in well under
 of a millisecond here, so every row is masked rather than checked first). After the
 token, the tokens the grammar forces (fixed keys, closing brackets, the end of text) are
 appended at once: they enter the KV cache with the stream's next decode, in the same batch
-item, so a fixed key costs no step of its own.
+item, so a fixed key costs no step of its own. Near the end of its budget a stream is held to
+what it can still close (closing.py), so an answer cut by max_tokens still parses.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import json
 import re
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgeinfer.engine.closing import SEARCH, WINDOW, Closer, Step, cost
 from edgeinfer.errors import RequestError
 from edgeinfer.llamacpp import Context, Vocab
 from edgeinfer.options import Grammar
@@ -54,6 +57,7 @@ class Grammars:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self._tokenizer: Any = None
+        self._closer: Closer | None = None
         self._lock = threading.Lock()
 
     def tokenizer(self) -> Any:
@@ -61,6 +65,13 @@ class Grammars:
             if self._tokenizer is None:
                 self._tokenizer = guidance_tokenizer(self.vocab)
             return self._tokenizer
+
+    def closer(self) -> Closer:
+        """The closing paths' ranks over this vocabulary (about half a second: built once per model)."""
+        with self._lock:
+            if self._closer is None:
+                self._closer = Closer([self.vocab.piece(t) for t in range(self.vocab.n_tokens)])
+            return self._closer
 
     def compile(self, grammar: Grammar) -> str:
         """llguidance's form of the grammar, checked; RequestError (naming its origin) when it cannot be enforced."""
@@ -80,13 +91,23 @@ class Grammars:
             raise RequestError(explain(messages[0] if messages else "invalid grammar", schema, grammar.kind), param)
         return text
 
+    def shortest(self, text: str) -> int | None:
+        """Tokens in the closing path of a compiled grammar from its start: what the shortest answer takes, as
+        far as the greedy path knows (None: more than SEARCH). A max_tokens below it cuts every answer."""
+        import llguidance
+
+        path = self.closer().path(llguidance.LLMatcher(self.tokenizer(), text, log_level=0), SEARCH)
+        return None if path is None else cost(path)
+
     def guides(self, text: str, n: int) -> list[Guide]:
         """One matcher per stream of a request, from a compiled grammar."""
         import llguidance
 
-        tok = self.tokenizer()
+        tok, closer = self.tokenizer(), self.closer()
         first = llguidance.LLMatcher(tok, text, log_level=0)
-        return [Guide(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token) for i in range(n)]
+        return [
+            Guide(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token, closer) for i in range(n)
+        ]
 
 
 @dataclass(slots=True)
@@ -96,8 +117,11 @@ class Guide:
     matcher: Any
     n_vocab: int
     eos: int
+    closer: Closer | None = None  # None: never held to its budget
     bitmask: np.ndarray = field(init=False)
     forced: int = 0  # tokens appended without sampling, for stats
+    path: list[Step] | None = None  # the closing path from the matcher's state, when known (near the budget)
+    steered: bool = False  # a sampled token was refused for the closing path: its end is the budget's
 
     def __post_init__(self) -> None:
         self.bitmask = np.full((self.n_vocab + 31) // 32, -1, dtype=np.int32)
@@ -111,37 +135,92 @@ class Guide:
 
     def advance(self, token: int) -> list[int]:
         """Consume a sampled token; return the tokens the grammar forces after it (the end of text included)."""
-        if token == self.eos:
-            return []
-        if not self.matcher.consume_token(token):
-            raise GrammarFailed(self.matcher.get_error() or "the grammar refused a token")
-        forced: list[int] = list(self.matcher.compute_ff_tokens())
-        if forced and not self.matcher.consume_tokens(forced):
-            raise GrammarFailed(self.matcher.get_error())
-        if self.matcher.is_stopped():  # complete, and nothing may follow: end the stream now
-            forced.append(self.eos)
+        forced = self._consume(self.matcher, token)
         self.forced += len(forced)
         return forced
 
+    def _consume(self, matcher: Any, token: int) -> list[int]:
+        if token == self.eos:
+            return []
+        if not matcher.consume_token(token):
+            raise GrammarFailed(matcher.get_error() or "the grammar refused a token")
+        forced: list[int] = list(matcher.compute_ff_tokens())
+        if forced and not matcher.consume_tokens(forced):
+            raise GrammarFailed(matcher.get_error())
+        if matcher.is_stopped():  # complete, and nothing may follow: end the stream now
+            forced.append(self.eos)
+        return forced
+
+    def step(self, sample: Callable[[], int], accept: Callable[[int], None], left: int) -> list[int]:
+        """The next token, then those the grammar forces; `left`: the tokens the stream may still emit.
+
+        Far from the budget, the sampled token. Within WINDOW tokens of it, a sampled token after
+        which the structure cannot close in the tokens left is refused (it stays in the sampler's
+        penalty history), and the stream takes its closing path's first token instead; with no
+        room to spare it takes that token without sampling. Each check is a closing path computed
+        on a copy of the matcher, at most `left` tokens long; the one found is kept for the next."""
+        if self.closer is None or left > WINDOW:
+            self.path = None
+            token = sample()
+            return [token, *self.advance(token)]
+        path = self.path
+        if path is None:  # entering the window: where the structure stands now
+            path = self.path = self.closer.path(self.matcher.deep_copy(), max(SEARCH, left))
+        if path is None:  # no known way to close: the stream runs free, as a cut answer did before
+            self.closer = None
+            token = sample()
+            return [token, *self.advance(token)]
+        if cost(path) >= left:  # no room to spare
+            accept(path[0].token if path else self.eos)
+            return self._follow(path, steered=True)
+        token = sample()
+        if token == self.eos:  # the model's own end (allowed only where the structure is complete)
+            return [token]
+        if path and token == path[0].token:
+            return self._follow(path)
+        trial = self.matcher.deep_copy()
+        forced = self._consume(trial, token)
+        spent = 1 + len(forced) - (forced[-1:] == [self.eos])
+        after = self.closer.path(trial.deep_copy(), left - spent) if spent <= left else None
+        if after is None:
+            accept(path[0].token if path else self.eos)
+            return self._follow(path, steered=True)
+        self.matcher, self.path = trial, after
+        self.forced += len(forced)
+        return [token, *forced]
+
+    def _follow(self, path: list[Step], steered: bool = False) -> list[int]:
+        """Take the closing path's first token (the end of text when the structure is complete)."""
+        self.steered |= steered
+        if not path:
+            return [self.eos]
+        self.path = path[1:]
+        token = path[0].token
+        return [token, *self.advance(token)]
+
 
 def next_tokens(live: Live, ctx: Context, row: int) -> list[int] | None:
-    """A stream's next tokens from output row `row`: the sampled one, then those its grammar forces (the
-    sampler records them too); None when the grammar cannot go on (live.error says why)."""
+    """A stream's next tokens from output row `row`: the sampled one (or its closing path's, near the budget),
+    then those its grammar forces (the sampler records them too); None when the grammar cannot go on
+    (live.error says why)."""
     guide, sampler = live.guide, live.sampler
     if guide is None:
         return [sampler.sample(ctx, row)]
-    try:
+
+    def sample() -> int:
         allowed = guide.allowed()
         if not allowed.any():
             raise GrammarFailed("it allows no token here")
-        token = sampler.sample_masked(ctx, row, allowed)
-        forced = guide.advance(token)
+        return sampler.sample_masked(ctx, row, allowed)
+
+    try:
+        tokens = guide.step(sample, sampler.accept, live.stream.max_new - live.stream.n_generated)
     except GrammarFailed as e:
         live.error = f"the output grammar could not go on: {e}"
         return None
-    for t in forced:
+    for t in tokens[1:]:
         sampler.accept(t)
-    return [token, *forced]
+    return tokens
 
 
 # --- JSON Schema at the door --------------------------------------------------
