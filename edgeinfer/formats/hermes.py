@@ -39,8 +39,9 @@ class Hermes(ToolFormat):
         if required:
             return f'start: "<tool_call>" body more\n{body}\n'
         if answer.startswith("answer: PLAIN"):
-            # Free text may come before a call; the stop string ends it and is the call's opening.
-            start = 'start: answer | prose body more\nprose[stop="<tool_call>"]: /(?s:.*)/'
+            # Free text may come before a call, up to the first opening (a lazy lexeme ends there). Not a stop
+            # string: a token that holds the opening's end and the call's first byte (">\n") would lose that byte.
+            start = "start: answer | prose body more\nprose[lazy]: " + r"/(?s:.*)<tool_call>/"
         else:
             start = 'start: answer | "<tool_call>" body more'  # a response_format answer, or calls
         return f"{start}\n{answer}\n{body}\n"
