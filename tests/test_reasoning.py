@@ -534,3 +534,58 @@ def test_messages_give_thinking_blocks_before_the_text(qwq_server):
 
     off = claude.messages.create(**args, thinking={"type": "disabled"})
     assert all(b.type == "text" for b in off.content)
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
+
+def test_thinking_then_a_required_tool_call(qwq_server):
+    from edgeinfer.client import client
+
+    oai = client(qwq_server)
+    args = {"model": "default", "messages": QUESTION, "tools": [ADD], "tool_choice": "required", "max_tokens": 64}
+    args |= {"temperature": 0, "extra_body": {"reasoning_budget": 8}}
+    r = oai.chat.completions.create(**args)
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and (m.model_extra or {}).get("reasoning_content")
+    call = m.tool_calls[0].function
+    assert call.name == "add" and set(json.loads(call.arguments)) == {"a", "b"}
+    kinds = []
+    for chunk in oai.chat.completions.create(**args, stream=True):
+        for c in chunk.choices:
+            thinking = (c.delta.model_extra or {}).get("reasoning_content")
+            kinds += ["r"] * bool(thinking) + ["t"] * bool(c.delta.tool_calls)
+    assert "r" in kinds and kinds[-1] == "t" and kinds == sorted(kinds, key="rt".index)
+
+
+def test_chat_in_the_terminal_thinks_apart_on_the_engine(model_path, qwq_server):
+    """edgeinfer chat's in-process backend splits and bounds the thinking as the server does."""
+    from edgeinfer.chat_repl import EngineBackend, Thought
+    from edgeinfer.engine import make_engine
+    from edgeinfer.events import Chunk, Finish
+    from edgeinfer.options import EngineConfig, SamplingParams
+
+    copy = qwq_server.parent / "smollm2-qwq-template.gguf"
+    engine = make_engine(EngineConfig(model=copy, parallel=1, ctx_size=512, reasoning_budget=6, spec="off"))
+    try:
+        events = list(EngineBackend(engine).reply(QUESTION, SamplingParams(temperature=0, max_tokens=24)))
+    finally:
+        engine.close()
+    kinds = ["r" if isinstance(e, Thought) else "c" for e in events if isinstance(e, Thought | Chunk) and e.text]
+    assert "r" in kinds and kinds == sorted(kinds, key="rc".index)
+    thought = "".join(e.text for e in events if isinstance(e, Thought))
+    answer = "".join(e.text for e in events if isinstance(e, Chunk))
+    finish = events[-1]
+    assert isinstance(finish, Finish) and finish.text == answer  # the conversation keeps the answer alone
+    assert THINK.close not in thought and not answer.startswith(THINK.close)
