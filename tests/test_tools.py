@@ -10,7 +10,7 @@ import pytest
 
 from edgeinfer.bench.battery import CASES, WEATHER, check
 from edgeinfer.client import async_client, client
-from edgeinfer.formats.base import MAX_CALLS, CallStream, call_schema
+from edgeinfer.formats.base import MAX_CALLS, Call, CallStream, call_schema
 from edgeinfer.formats.hermes import Hermes
 from edgeinfer.options import EngineConfig
 from edgeinfer.server import tools as T
@@ -408,3 +408,14 @@ def test_a_template_without_tools_gets_the_history_in_the_wire_format():
     )
     assert '[user]<tool_response>\n{"celsius": 24}\n</tool_response>' in engine.rendered
     assert engine.rendered.startswith("[system]You can call functions")
+
+
+def test_a_call_id_copied_from_the_history_is_replaced():
+    from edgeinfer.formats.mistral import Mistral
+
+    fmt = Mistral()
+    req = ChatRequest(model="m", messages=HISTORY, tools=[WEATHER])
+    T.chat_messages(req, fmt, native=True)
+    copied = fmt.history_id("call_7")  # the id the template showed the model for the call in the history
+    assert fmt.call_id(Call("get_weather", "{}", copied)) != copied
+    assert fmt.call_id(Call("get_weather", "{}", "a1B2c3D4e")) == "a1B2c3D4e"

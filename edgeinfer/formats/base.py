@@ -47,6 +47,11 @@ class ToolFormat:
 
     def __init__(self, tools: list[ToolSpec] | None = None) -> None:
         self.tools = tools or []
+        self.seen_ids: set[str] = set()  # the call ids of the request's history, as the template got them
+
+    def call_id(self, call: Call) -> str:
+        """The id a call goes out with: the model's own, unless it copied one from the history (then a new one)."""
+        return call.id if call.id and call.id not in self.seen_ids else self.new_id()
 
     @classmethod
     def detect(cls, template: str) -> bool:

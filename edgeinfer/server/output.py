@@ -151,7 +151,7 @@ def _split(text: str, shape: AnswerShape) -> tuple[str | None, str]:
 
 
 def _event(fmt: ToolFormat, index: int, call_index: int, call: Call) -> ToolCall:
-    return ToolCall(index, call_index, call.id or fmt.new_id(), call.name, call.arguments)
+    return ToolCall(index, call_index, fmt.call_id(call), call.name, call.arguments)
 
 
 def _done(finish: Finish, called: bool, reasoning_tokens: int = 0) -> Done:

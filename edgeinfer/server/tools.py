@@ -48,6 +48,7 @@ def chat_messages(req: ChatRequest, fmt: ToolFormat, native: bool) -> list[dict[
                 message["tool_calls"] = [
                     fmt.history_call(c.id, c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls
                 ]
+                fmt.seen_ids.update(fmt.history_id(c.id) for c in m.tool_calls)
                 called.update((c.id, c.function.name) for c in m.tool_calls)
             if role == "tool":
                 message["tool_call_id"] = fmt.history_id(m.tool_call_id or "")
