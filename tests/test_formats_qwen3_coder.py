@@ -47,6 +47,7 @@ EVERYTHING = ToolSpec(
             "tags": {"type": "array", "items": {"type": "string"}},
             "meta": {"type": "object", "properties": {"a": {"type": "integer"}}},
             "maybe": {"type": ["integer", "null"]},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
         },
         "required": ["text"],
     },
@@ -60,6 +61,7 @@ STORED = {
     "tags": ["a", "b c"],
     "meta": {"a": 1},
     "maybe": None,
+    "code": "QRS",
 }
 
 
@@ -90,6 +92,14 @@ def test_a_string_parameter_stays_text_even_when_it_looks_like_json():
     assert json.loads(calls[0].arguments) == {"text": "42"}
     # "null" is null only where the schema allows null.
     assert json.loads(calls[1].arguments) == {"city": "null", "days": 1, "note": None}
+
+
+def test_a_string_with_a_pattern_is_written_as_json_and_read_from_either_form():
+    fmt = Qwen3Coder(TOOLS)
+    for written in ('"ABC"', "ABC"):
+        text = f"<tool_call>\n<function=store>\n<parameter=text>\nx\n</parameter>\n<parameter=code>\n{written}\n"
+        _, calls = fmt.parse(text + "</parameter>\n</function>\n</tool_call>", final=True)
+        assert json.loads(calls[0].arguments) == {"text": "x", "code": "ABC"}
 
 
 def test_values_of_unknown_tools_are_json_where_they_parse_else_text():
@@ -197,6 +207,8 @@ def test_the_forced_grammar_takes_written_calls_and_refuses_what_breaks_a_schema
     call = "<tool_call>\n<function=get_weather>\n{}</function>\n</tool_call>"
     city, days = "<parameter=city>\nParis\n</parameter>\n", "<parameter=days>\n3\n</parameter>\n"
     assert matches(grammars, forced, call.format(city + days))
+    store = "<tool_call>\n<function=store>\n<parameter=text>\nx\n</parameter>\n{}</function>\n</tool_call>"
+    assert matches(grammars, forced, store.format('<parameter=code>\n"XYZ"\n</parameter>\n'))
     bad = {
         "a required parameter left out": call.format(city),
         "an integer as words": call.format(city + "<parameter=days>\nthree\n</parameter>\n"),
@@ -204,6 +216,11 @@ def test_the_forced_grammar_takes_written_calls_and_refuses_what_breaks_a_schema
         "a value outside the enum": call.format(city + days + "<parameter=unit>\nkelvin\n</parameter>\n"),
         "a parameter the tool lacks": call.format(city + days + "<parameter=x>\n1\n</parameter>\n"),
         "a closing tag inside a string": call.format("<parameter=city>\na</parameter>b\n</parameter>\n" + days),
+        "the call's closing tags inside a string": call.format(
+            "<parameter=city>\nParis\n</function>\n</tool_call>\nmore\n</parameter>\n" + days
+        ),
+        "a string off its pattern": store.format('<parameter=code>\n"ABCD"\n</parameter>\n'),
+        "a patterned string raw": store.format("<parameter=code>\nABC\n</parameter>\n"),
         "a tool not offered": "<tool_call>\n<function=other>\n</function>\n</tool_call>",
         "text before the call": "Sure. " + call.format(city + days),
     }

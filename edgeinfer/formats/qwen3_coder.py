@@ -16,6 +16,8 @@ schema is a string is the text between the tags (less one newline each side, as 
 writes it); any other is JSON. The grammar holds each value to its own schema (a string is any
 text without `</parameter>`, an enum one of its values, anything else llguidance's JSON for that
 property's schema), with the required parameters present, in the order the schema lists them.
+A string with a pattern, format or length is the exception: it is written as a JSON string,
+which llguidance can hold to those, and read back from either form.
 """
 
 from __future__ import annotations
@@ -31,9 +33,16 @@ FUNCTION, END_FUNCTION = "<function=", "</function>"
 PARAMETER, END_PARAMETER = "<parameter=", "</parameter>"
 # Python's str() of the scalars the template writes into the history with `| string`.
 PYTHON_SCALARS: dict[str, Any] = {"True": True, "False": False, "None": None}
+STRING_LIMITS = {"pattern", "format", "minLength", "maxLength"}
 CLOSE_VALUE = '"\\n</parameter>"'  # in Lark: the newline and closing tag after a value
-# A string value: lazy, it ends at the first closing tag, which it cannot hold.
-TEXT_RULE = 'text[stop="\\n</parameter>"]: /(?s:.*)/ & ~/(?s:.*<\\/parameter>.*)/'
+# A string value and its closing tag: a lazy lexeme, it ends at the first closing tag. It holds none of the
+# call's other tags: a small model writes `</function>\n</tool_call>` inside a value, then prose until
+# max_tokens, believing the call closed. (A lexeme, not a stop string: what follows a stop string in its
+# token would be lost to the next rule.)
+TEXT_RULE = (
+    "text[lazy]: /(?s:.*)<\\/parameter>/"
+    " & ~/(?s:.*(<tool_call>|<\\/tool_call>|<function=|<\\/function>|<parameter=).*)/"
+)
 
 
 class Qwen3Coder(ToolFormat):
@@ -46,7 +55,8 @@ class Qwen3Coder(ToolFormat):
         return OPEN in template and FUNCTION in template and PARAMETER in template
 
     def write_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        return "\n".join(_write_call(name, args) for name, args in calls)
+        schemas = {t.name: t.parameters for t in self.tools}
+        return "\n".join(_write_call(name, args, _properties(schemas.get(name))) for name, args in calls)
 
     # --- the grammar -----------------------------------------------------------
 
@@ -61,8 +71,8 @@ class Qwen3Coder(ToolFormat):
         if required:
             start = f'start: "<tool_call>" {first}'
         elif answer.startswith("answer: PLAIN"):
-            # Free text may come before the calls; the stop string ends it and is the calls' opening.
-            start = f'start: answer | prose {first}\nprose[stop="<tool_call>"]: /(?s:.*)/\n{answer}'
+            # Free text may come before the calls, up to the first opening (a lazy lexeme ends there).
+            start = f"start: answer | prose {first}\nprose[lazy]: /(?s:.*)<tool_call>/\n{answer}"
         else:
             start = f'start: answer | "<tool_call>" {first}\n{answer}'  # a response_format answer, or calls
         return "\n".join([start, *rules]) + "\n"
@@ -92,12 +102,18 @@ class Qwen3Coder(ToolFormat):
         return before or None, calls
 
 
-def _write_call(name: str, args: dict[str, Any]) -> str:
+def _write_call(name: str, args: dict[str, Any], properties: dict[str, Any]) -> str:
     params = "".join(
-        f"{PARAMETER}{k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n{END_PARAMETER}\n"
-        for k, v in args.items()
+        f"{PARAMETER}{k}>\n{_write_value(v, properties.get(k))}\n{END_PARAMETER}\n" for k, v in args.items()
     )
     return f"{OPEN}\n{FUNCTION}{name}>\n{params}{END_FUNCTION}\n{CLOSE}"
+
+
+def _write_value(value: Any, schema: Any) -> str:
+    """A string raw (unless its schema has it written as JSON), anything else as JSON."""
+    if isinstance(value, str) and (schema is None or _raw_text(schema)):
+        return value
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _tool_rules(i: int, tool: ToolSpec) -> list[str]:
@@ -119,7 +135,7 @@ def _tool_rules(i: int, tool: ToolSpec) -> list[str]:
 def _value_rule(schema: Any, defs: dict[str, Any]) -> str:
     """A parameter's value and closing tag in Lark: raw text for a string, its values for a string enum,
     JSON for the rest."""
-    if isinstance(schema, dict) and _kinds(schema) <= {"string", "null"} and "string" in _kinds(schema):
+    if _raw_text(schema):
         options = [schema["const"]] if "const" in schema else schema.get("enum")
         if isinstance(options, list) and options and all(isinstance(o, str) for o in options):
             return f"({' | '.join(lark_str(o) for o in options)}) {CLOSE_VALUE}"
@@ -181,17 +197,26 @@ def _kinds(schema: Any) -> set[str]:
     return set()
 
 
+def _raw_text(schema: Any) -> bool:
+    """Whether a parameter is written as raw text: a string (or null) whose text the grammar can hold to it.
+
+    A string with a pattern, format or length is written as a JSON string instead, which llguidance holds
+    to those (a raw-text grammar could not); the parser reads either."""
+    kinds = _kinds(schema)
+    return "string" in kinds and kinds <= {"string", "null"} and not STRING_LIMITS & schema.keys()
+
+
 def _value(raw: str, schema: Any) -> Any:
     """A parameter's text as its schema's type: a string as written, anything else read as JSON.
 
     Text that is not JSON stays a string; Python's True, False and None (how the template writes
     such values into the history) read as JSON's."""
     kinds = _kinds(schema)
-    if kinds == {"string"}:
-        return raw
-    if kinds == {"string", "null"}:
-        return None if raw == "null" else raw
+    if _raw_text(schema):
+        return None if raw == "null" and "null" in kinds else raw
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except json.JSONDecodeError:
         return PYTHON_SCALARS.get(raw.strip(), raw)
+    # A string written raw by a model left free (its grammar writes JSON) stays the text it is.
+    return raw if kinds == {"string"} and not isinstance(value, str) else value
