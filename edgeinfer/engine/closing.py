@@ -89,11 +89,9 @@ class Closer:
         # Token ids best first, the never-chosen left out: the first allowed one in this order is the choice.
         self.order = np.argsort(-ranks, kind="stable")[: int((ranks >= 0).sum())].astype(np.int32)
         self._top = [int(t) for t in self.order[:TOP]]
-        self._bitmask = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
 
-    def best(self, matcher: Any) -> int | None:
-        """The best-ranked token the matcher allows now; None when it allows none of them."""
-        mask = self._bitmask
+    def best(self, matcher: Any, mask: np.ndarray) -> int | None:
+        """The best-ranked token the matcher allows now (its mask computed into `mask`); None when none is."""
         matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         if matcher.is_error():
             return None
@@ -111,8 +109,9 @@ class Closer:
         Spends the matcher (pass a deep copy). An accepting state has the empty path."""
         steps: list[Step] = []
         used = 0
+        mask = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)  # per call: paths are found on several threads
         while not matcher.is_accepting():
-            token = self.best(matcher)
+            token = self.best(matcher, mask)
             if token is None or used >= limit or not matcher.consume_token(token):
                 return None
             forced = matcher.compute_ff_tokens()

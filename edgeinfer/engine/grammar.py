@@ -58,6 +58,7 @@ class Grammars:
         self.vocab = vocab
         self._tokenizer: Any = None
         self._closer: Closer | None = None
+        self._shortest: dict[str, int | None] = {}  # by compiled grammar: requests repeat their schemas and tools
         self._lock = threading.Lock()
 
     def tokenizer(self) -> Any:
@@ -96,17 +97,24 @@ class Grammars:
         far as the greedy path knows (None: more than SEARCH). A max_tokens below it cuts every answer."""
         import llguidance
 
-        path = self.closer().path(llguidance.LLMatcher(self.tokenizer(), text, log_level=0), SEARCH)
-        return None if path is None else cost(path)
+        if text not in self._shortest:
+            path = self.closer().path(llguidance.LLMatcher(self.tokenizer(), text, log_level=0), SEARCH)
+            if len(self._shortest) >= 256:
+                self._shortest.clear()
+            self._shortest[text] = None if path is None else cost(path)
+        return self._shortest[text]
 
     def guides(self, text: str, n: int) -> list[Guide]:
         """One matcher per stream of a request, from a compiled grammar."""
         import llguidance
 
         tok, closer = self.tokenizer(), self.closer()
+        # Checks start WINDOW tokens before the budget, or twice the shortest answer before it when that is more.
+        window = max(WINDOW, 2 * (self.shortest(text) or 0))
         first = llguidance.LLMatcher(tok, text, log_level=0)
         return [
-            Guide(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token, closer) for i in range(n)
+            Guide(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token, closer, window)
+            for i in range(n)
         ]
 
 
@@ -118,6 +126,7 @@ class Guide:
     n_vocab: int
     eos: int
     closer: Closer | None = None  # None: never held to its budget
+    window: int = WINDOW  # tokens left from which samples are checked
     bitmask: np.ndarray = field(init=False)
     forced: int = 0  # tokens appended without sampling, for stats
     path: list[Step] | None = None  # the closing path from the matcher's state, when known (near the budget)
@@ -154,12 +163,12 @@ class Guide:
     def step(self, sample: Callable[[], int], accept: Callable[[int], None], left: int) -> list[int]:
         """The next token, then those the grammar forces; `left`: the tokens the stream may still emit.
 
-        Far from the budget, the sampled token. Within WINDOW tokens of it, a sampled token after
+        Far from the budget, the sampled token. Within `window` tokens of it, a sampled token after
         which the structure cannot close in the tokens left is refused (it stays in the sampler's
         penalty history), and the stream takes its closing path's first token instead; with no
         room to spare it takes that token without sampling. Each check is a closing path computed
         on a copy of the matcher, at most `left` tokens long; the one found is kept for the next."""
-        if self.closer is None or left > WINDOW:
+        if self.closer is None or left > self.window:
             self.path = None
             token = sample()
             return [token, *self.advance(token)]
