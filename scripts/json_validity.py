@@ -1,13 +1,17 @@
 """Validity of constrained answers over the socket, through the official openai client.
 
-    python scripts/json_validity.py [--spec off auto] [--llama-server BIN] [--temperature 0.8]
+    python scripts/json_validity.py [--spec off auto] [--llama-server BIN] [--temperature 0.8] [--max-tokens 400]
 
 For each speculation mode, one `edgeinfer serve` on a Unix socket; every schema of the
 battery (edgeinfer/bench/battery.py) is asked for with `response_format` json_schema,
 streamed and whole, with n = 1..4 (all requests at once, so they share packed batches);
 then tool calls with tool_choice "required" and with a named tool, over three tools, streamed
-and whole, n = 1..4. Every answer is checked with the jsonschema library. A reply cut by
-max_tokens counts as invalid. With --llama-server, llama.cpp's server (--jinja, the same model,
+and whole, n = 1..4. Every answer is checked with the jsonschema library, cut by max_tokens
+or not (a constrained answer near its budget is steered closed: finish_reason "length", text
+whole); a call cut in half is left out of the reply, so that reply counts as invalid. With
+--max-tokens 24 32 48, the battery runs once per budget; where a schema's shortest answer is
+longer than the budget (edgeinfer's Grammars.shortest), no answer can validate, and the
+count of those is shown beside the result. With --llama-server, llama.cpp's server (--jinja, the same model,
 slots, context and threads) answers the same battery; it gets n as n separate requests. Last,
 each server is sent a schema with a keyword no grammar can enforce (uniqueItems). Exit status
 0 when every edgeinfer answer validates.
@@ -147,7 +151,7 @@ async def unsupported_keyword(sock: Path) -> str:
 
 
 def calls_valid(calls: list[tuple[str, str]], reason: str, only: str | None) -> bool:
-    if reason != "tool_calls" or not calls:
+    if reason not in ("tool_calls", "length") or not calls:
         return False
     try:
         for name, arguments in calls:
@@ -159,10 +163,10 @@ def calls_valid(calls: list[tuple[str, str]], reason: str, only: str | None) -> 
     return True
 
 
-async def battery(sock: Path, temperature: float, rounds: int, split: bool) -> dict[str, list[int]]:
+async def battery(sock: Path, temperature: float, rounds: int, split: bool, max_tokens: int) -> dict[str, list[int]]:
     """Every request at once; the count of valid answers by kind: [valid, asked]."""
     oai = async_client(sock).with_options(max_retries=0, timeout=900)
-    common = dict(model="default", temperature=temperature, max_tokens=400)
+    common = dict(model="default", temperature=temperature, max_tokens=max_tokens)
     jobs: list[tuple[str, Any, str | None, Any]] = []
     for r in range(rounds):
         for i, case in enumerate(CASES):
@@ -186,7 +190,7 @@ async def battery(sock: Path, temperature: float, rounds: int, split: bool) -> d
     async def run(kind: str, case: Any, name: str | None, coro: Any) -> None:
         for content, calls, reason in await coro:
             if kind == "json":
-                ok = reason == "stop" and check(case, content) is None
+                ok = reason in ("stop", "length") and check(case, content) is None
             else:
                 ok = calls_valid(calls, reason, name)
             tally[kind][0] += ok
@@ -198,12 +202,36 @@ async def battery(sock: Path, temperature: float, rounds: int, split: bool) -> d
     return tally
 
 
+def too_short(model: str, budget: int, rounds: int) -> int | None:
+    """JSON answers of the battery asked for with max_tokens below their schema's shortest answer (none can
+    validate); None when this edgeinfer cannot tell (no Grammars.shortest)."""
+    from edgeinfer.engine.grammar import Grammars
+    from edgeinfer.llamacpp.core import Model
+    from edgeinfer.options import Grammar
+
+    if not hasattr(Grammars, "shortest"):
+        return None
+    if model not in _grammars:
+        _grammars[model] = Grammars(Model(model).vocab)
+    g = _grammars[model]
+    n = 0
+    for i, case in enumerate(CASES):
+        text = g.compile(Grammar(kind="json_schema", source=json.dumps(case.schema)))
+        if (g.shortest(text) or 0) > budget:
+            n += (1 + i % 4) + (1 + (i + 1) % 4)  # its streams: n = 1 + (i + stream) % 4, whole and streamed
+    return n * rounds
+
+
+_grammars: dict[str, Any] = {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", nargs="+", default=["off", "auto"], help="edgeinfer's speculation modes to run")
     ap.add_argument("--llama-server", type=Path, help="also run this llama-server binary (with --jinja) side by side")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--rounds", type=int, default=1, help="times through the battery")
+    ap.add_argument("--max-tokens", type=int, nargs="+", default=[400], help="the battery once per budget")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     args = ap.parse_args()
     model = str(resolve_model(None))
@@ -222,9 +250,11 @@ def main() -> int:
             log = Path(d) / "server.log"
             proc = start(sock, [str(sock) if part == "{sock}" else part for part in cmd], log)
             try:
-                t0 = time.perf_counter()
-                tally = asyncio.run(battery(sock, args.temperature, args.rounds, split))
-                took = time.perf_counter() - t0
+                tallies = []
+                for budget in args.max_tokens:
+                    t0 = time.perf_counter()
+                    tally = asyncio.run(battery(sock, args.temperature, args.rounds, split, budget))
+                    tallies.append((budget, tally, time.perf_counter() - t0))
                 keyword = asyncio.run(unsupported_keyword(sock))
                 if proc.poll() is not None:
                     tail = log.read_text(errors="replace").splitlines()[-5:]
@@ -232,10 +262,17 @@ def main() -> int:
             finally:
                 proc.terminate()
                 proc.wait(60)
-        parts = [f"{kind} {ok}/{n}" for kind, (ok, n) in tally.items()]
-        print(f"{name}, temperature {args.temperature}: valid " + ", ".join(parts) + f" ({took:.0f} s)")
+        for budget, tally, took in tallies:
+            parts = [f"{kind} {ok}/{n}" for kind, (ok, n) in tally.items()]
+            short = too_short(model, budget, args.rounds)
+            beyond = f"; {short} JSON answers asked below their schema's shortest answer" if short else ""
+            line = f"{name}, temperature {args.temperature}, max_tokens {budget}: valid " + ", ".join(parts)
+            print(line + f"{beyond} ({took:.0f} s)")
+            short_n = short or 0  # those cannot validate: not a failure of edgeinfer
+            failed |= name.startswith("edgeinfer") and any(
+                ok + (short_n if kind == "json" else 0) < n for kind, (ok, n) in tally.items()
+            )
         print(f"{name}: a schema with uniqueItems: {keyword}")
-        failed |= name.startswith("edgeinfer") and any(ok != n for ok, n in tally.values())
     return 1 if failed else 0
 
 
