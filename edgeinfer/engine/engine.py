@@ -35,6 +35,7 @@ from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
 from edgeinfer.errors import EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
+from edgeinfer.formats import reasoning, select
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
 from edgeinfer.options import EngineConfig, SamplingParams, parse_shares
 from edgeinfer.speculative.speculator import Speculator
@@ -77,6 +78,10 @@ class Engine:
             self.model.close()
             raise
         self.vocab = self.model.vocab
+        # The tags of tool calls and thinking that this vocabulary holds as special tokens are shown as their text, so
+        # that the answer's parsers see them (llama.cpp renders a control token as nothing).
+        self.vocab.show([m for f in select.KNOWN.values() for m in f.markers])
+        self.vocab.show([tag for t in reasoning.KNOWN for tag in (t.open, t.close)])
         self.template = ChatTemplate.for_model(self.model)
         self.n_ctx = self.ctx.n_ctx
         self.per_seq = not self.ctx.kv_unified

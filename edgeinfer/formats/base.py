@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,10 +45,14 @@ class ToolFormat:
     name: ClassVar[str] = ""
     opening: ClassVar[str] = ""  # the text that begins the calls, where the family has one
     native: ClassVar[bool] = True  # False: the template knows no tools; they are described in a system message
+    # The texts of the call syntax that a vocabulary may hold as one special token (the engine shows those in output).
+    markers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tools: list[ToolSpec] | None = None) -> None:
         self.tools = tools or []
         self.seen_ids: set[str] = set()  # the call ids of the request's history, as the template got them
+        # The special token a text is in the model's vocabulary (Vocab.special_token); by default none is.
+        self.token_of: Callable[[str], int | None] = _plain_text
 
     def call_id(self, call: Call) -> str:
         """The id a call goes out with: the model's own, unless it copied one from the history (then a new one)."""
@@ -84,6 +89,29 @@ class ToolFormat:
         """Lark source (llguidance's dialect): with required, the whole answer is calls (one unless parallel);
         otherwise `start` is `answer` (the given rule) or free text and then calls."""
         raise NotImplementedError
+
+    def lit(self, *texts: str) -> str:
+        """Lark for these texts in a row: one that is a special token of the vocabulary as llguidance's `<[id]>`
+        (a quoted string matches text tokens only, never the token the model was trained to write), the others as
+        one string literal each run."""
+        parts: list[str] = []
+        plain = ""
+        for text in texts:
+            token = self.token_of(text)
+            if token is None:
+                plain += text
+                continue
+            if plain:
+                parts.append(lark_str(plain))
+                plain = ""
+            parts.append(f"<[{token}]>")
+        if plain or not parts:
+            parts.append(lark_str(plain))
+        return " ".join(parts)
+
+    def special(self, text: str) -> bool:
+        """Whether text is one special token of the vocabulary (a regex cannot match it: grammars name it apart)."""
+        return self.token_of(text) is not None
 
     def answer_rule(self, schema: Any | None) -> str:
         """The rule `answer`: an answer without calls, the response_format's JSON when there is one."""
@@ -155,6 +183,10 @@ class CallStream:
 
 
 # --- helpers the families share --------------------------------------------------
+
+
+def _plain_text(text: str) -> int | None:
+    return None
 
 
 def lark_str(s: str) -> str:

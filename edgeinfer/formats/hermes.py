@@ -22,6 +22,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class Hermes(ToolFormat):
     name = "hermes"
     opening = OPEN
+    markers = (OPEN, CLOSE)
 
     @classmethod
     def detect(cls, template: str) -> bool:
@@ -34,16 +35,21 @@ class Hermes(ToolFormat):
 
     def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
         call = json.dumps(call_schema(tools))
-        more = f'\nmore: ("\\n<tool_call>" body)~0..{MAX_CALLS - 1}' if parallel else '\nmore: ""'
-        body = f'body: "\\n" %json {call} "\\n</tool_call>"' + more
+        # Each tag as `<[id]>` where the vocabulary holds it as one special token (Qwen2.5's), else as text.
+        opening, again, closing = self.lit(OPEN), self.lit("\n", OPEN), self.lit("\n", CLOSE)
+        more = f"\nmore: ({again} body)~0..{MAX_CALLS - 1}" if parallel else '\nmore: ""'
+        body = f'body: "\\n" %json {call} {closing}' + more
         if required:
-            return f'start: "<tool_call>" body more\n{body}\n'
-        if answer.startswith("answer: PLAIN"):
+            return f"start: {opening} body more\n{body}\n"
+        if answer.startswith("answer: PLAIN") and self.special(OPEN):
+            # Text (without the opening's text), then the opening's token: a regex cannot take a special token.
+            start = f"start: answer | answer {opening} body more"
+        elif answer.startswith("answer: PLAIN"):
             # Free text may come before a call, up to the first opening (a lazy lexeme ends there). Not a stop
             # string: a token that holds the opening's end and the call's first byte (">\n") would lose that byte.
             start = "start: answer | prose body more\nprose[lazy]: " + r"/(?s:.*)<tool_call>/"
         else:
-            start = 'start: answer | "<tool_call>" body more'  # a response_format answer, or calls
+            start = f"start: answer | {opening} body more"  # a response_format answer, or calls
         return f"{start}\n{answer}\n{body}\n"
 
     def parse(self, text: str, final: bool) -> tuple[str | None, list[Call]]:

@@ -66,6 +66,7 @@ def _first_visible(text: str) -> int:
 class Llama3(ToolFormat):
     name = "llama3"
     opening = PYTHON_TAG  # the one fixed opening; a call may also begin the answer without it
+    markers = (PYTHON_TAG,)
 
     @classmethod
     def detect(cls, template: str) -> bool:
@@ -81,9 +82,12 @@ class Llama3(ToolFormat):
     def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
         # One call whether parallel or not: the template refuses more in the history (see the module's docstring).
         call = f"call: %json {json.dumps(call_schema(tools, 'name', 'parameters'))}"
+        # Where the vocabulary holds <|python_tag|> as one special token (Llama 3.x's), a call may begin with it, as
+        # real models sometimes write it; as text it is never asked for (llama.cpp's grammar leaves it out too).
+        calls = f"call | {self.lit(PYTHON_TAG)} call" if self.special(PYTHON_TAG) else "call"
         if required:
-            return f"start: call\n{call}\n"
-        return f"start: answer | call\n{answer}\n{call}\n"
+            return f"start: {calls}\n{call}\n"
+        return f"start: answer | {calls}\n{answer}\n{call}\n"
 
     def answer_rule(self, schema: Any | None) -> str:
         if schema is not None:

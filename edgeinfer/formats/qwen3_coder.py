@@ -48,6 +48,7 @@ TEXT_RULE = (
 class Qwen3Coder(ToolFormat):
     name = "qwen3-coder"
     opening = OPEN
+    markers = (OPEN, CLOSE)
 
     @classmethod
     def detect(cls, template: str) -> bool:
@@ -63,18 +64,23 @@ class Qwen3Coder(ToolFormat):
     def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
         rules = [f"call: {' | '.join(f'tool{i}' for i in range(len(tools)))}"]
         for i, t in enumerate(tools):
-            rules += _tool_rules(i, t)
+            rules += _tool_rules(i, t, self.lit(f"{END_FUNCTION}\n", CLOSE))
         # After the first call's "<tool_call>" each further call opens on a new line, as the template writes them.
+        # Each tag as `<[id]>` where the vocabulary holds it as one special token (Qwen3-Coder's), else as text.
         first = '"\\n" call more'
-        rules.append(f'more: ("\\n<tool_call>\\n" call)~0..{MAX_CALLS - 1}' if parallel else 'more: ""')
+        again, opening = self.lit("\n", OPEN, "\n"), self.lit(OPEN)
+        rules.append(f"more: ({again} call)~0..{MAX_CALLS - 1}" if parallel else 'more: ""')
         rules.append(TEXT_RULE)
         if required:
-            start = f'start: "<tool_call>" {first}'
+            start = f"start: {opening} {first}"
+        elif answer.startswith("answer: PLAIN") and self.special(OPEN):
+            # Text (without the opening's text), then the opening's token: a regex cannot take a special token.
+            start = f"start: answer | answer {opening} {first}\n{answer}"
         elif answer.startswith("answer: PLAIN"):
             # Free text may come before the calls, up to the first opening (a lazy lexeme ends there).
             start = f"start: answer | prose {first}\nprose[lazy]: /(?s:.*)<tool_call>/\n{answer}"
         else:
-            start = f'start: answer | "<tool_call>" {first}\n{answer}'  # a response_format answer, or calls
+            start = f"start: answer | {opening} {first}\n{answer}"  # a response_format answer, or calls
         return "\n".join([start, *rules]) + "\n"
 
     # --- the answer ------------------------------------------------------------
@@ -116,7 +122,7 @@ def _write_value(value: Any, schema: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _tool_rules(i: int, tool: ToolSpec) -> list[str]:
+def _tool_rules(i: int, tool: ToolSpec, closing: str) -> list[str]:
     """tool{i}: the function tag, its parameters in the schema's order (the required ones always), the closing tags."""
     params = tool.parameters if isinstance(tool.parameters, dict) else {}
     required = set(params.get("required") or [])
@@ -129,7 +135,7 @@ def _tool_rules(i: int, tool: ToolSpec) -> list[str]:
         rules.append(f'{rule}: {lark_str(f"{PARAMETER}{key}>")} "\\n" {value} "\\n"')
         parts.append(rule if key in required else f"{rule}?")
     head = lark_str(f"{FUNCTION}{tool.name}>\n")
-    return [f'tool{i}: {head} {" ".join(parts)} "</function>\\n</tool_call>"', *rules]
+    return [f"tool{i}: {head} {' '.join(parts)} {closing}", *rules]
 
 
 def _value_rule(schema: Any, defs: dict[str, Any]) -> str:

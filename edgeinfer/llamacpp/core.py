@@ -83,6 +83,10 @@ class Vocab:
         self.eos: int = C.llama_vocab_eos(handle)
         self.add_bos: bool = bool(C.llama_vocab_get_add_bos(handle))
         self._pieces: dict[int, bytes] = {}
+        # Special tokens that output shows as their text (piece() with special=False): the openings and closings
+        # of tool calls and thinking that a vocabulary holds as one control token (Mistral's [TOOL_CALLS],
+        # Llama 3's <|python_tag|>), which llama.cpp would otherwise render as nothing, hiding them from the parsers.
+        self.shown: set[int] = set()
         self._eog = np.array([bool(C.llama_vocab_is_eog(handle, t)) for t in range(self.n_tokens)])
 
     def handle(self) -> C.llama_vocab_p:
@@ -102,7 +106,9 @@ class Vocab:
         return buf[:n]
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        """The bytes of one token (may be part of a UTF-8 character)."""
+        """The bytes of one token (may be part of a UTF-8 character); a special token's text only with special
+        or when it is shown."""
+        special = special or token in self.shown
         key = token if not special else -1 - token
         cached = self._pieces.get(key)
         if cached is None:
@@ -117,6 +123,23 @@ class Vocab:
 
     def detokenize(self, tokens: list[int], special: bool = False) -> str:
         return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", errors="replace")
+
+    def special_token(self, text: str) -> int | None:
+        """The one special token (control or user-defined, as the tokenizer's added tokens are) that text is in this
+        vocabulary; None when text is plain text here. A grammar names such a token by its id: llguidance matches
+        a quoted string with text tokens only."""
+        tokens = self.tokenize(text, add_special=False, parse_special=True) if text else []
+        if len(tokens) != 1 or self.text_of(tokens[0]) != text:
+            return None
+        attr = C.llama_vocab_get_attr(self.handle(), tokens[0])
+        return tokens[0] if attr & (C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED) else None
+
+    def show(self, texts: list[str]) -> None:
+        """Output shows these texts where the vocabulary holds them as one special token (see shown)."""
+        for text in texts:
+            token = self.special_token(text)
+            if token is not None:
+                self.shown.add(token)
 
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])
