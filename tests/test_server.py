@@ -542,12 +542,20 @@ class _FakeEngine:
     """Records which thread templating and tokenizing ran on; refuses every request after that."""
 
     def __init__(self):
-        self.threads: list[str] = []
+        from edgeinfer.engine.template import ChatTemplate
+        from edgeinfer.options import EngineConfig
 
-    def chat_prompt(self, messages, tools=None):
+        self.threads: list[str] = []
+        self.template = ChatTemplate(None)
+        self.config = EngineConfig()
+
+    def chat_text(self, messages, tools=None):
         import threading
 
         self.threads.append(threading.current_thread().name)
+        return self.template.render(messages, tools=tools)
+
+    def chat_tokens(self, text):
         return [1, 2, 3]
 
     def tokenize(self, text, special=False):
