@@ -439,16 +439,17 @@ def test_chat_completions_think_apart_within_the_budget(qwq_server):
 
     oai = client(qwq_server)
     args = {"model": "default", "messages": QUESTION, "max_tokens": 40, "temperature": 0}
-    r = oai.chat.completions.create(**args, logprobs=True, extra_body={"reasoning_budget": BUDGET})
-    m = r.choices[0].message
-    thinking = (m.model_extra or {}).get("reasoning_content")
-    tokens = [lp.token for lp in r.choices[0].logprobs.content]
-    # The model, which never learnt to close a block, thinks until the budget; then the close tag is forced
-    # (it is in neither field) and the answer follows.
-    assert thinking and THINK.close not in thinking
-    assert 0 < thinking_tokens(tokens, thinking) <= BUDGET
-    assert "".join(tokens).lstrip().startswith(thinking)
-    assert m.content and not m.content.startswith(THINK.close)
+    for budget in (5, BUDGET):
+        r = oai.chat.completions.create(**args, logprobs=True, extra_body={"reasoning_budget": budget})
+        m = r.choices[0].message
+        thinking = (m.model_extra or {}).get("reasoning_content")
+        tokens = [lp.token for lp in r.choices[0].logprobs.content]
+        # The model, which never learnt to close a block, thinks until the budget; then the close tag is
+        # forced (it is in neither field) and the answer follows.
+        assert thinking and THINK.close not in thinking
+        assert 0 < thinking_tokens(tokens, thinking) <= budget
+        assert "".join(tokens).lstrip().startswith(thinking)
+        assert m.content and not m.content.startswith(THINK.close)
 
     # Streamed: the thinking's deltas, then the answer's; the usage counts the thinking's tokens.
     kinds, thought, answer, usage = [], "", "", None
