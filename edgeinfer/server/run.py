@@ -55,7 +55,7 @@ def template_input(
     # A template that renders tools takes the tools, and the tool history whole (even with tool_choice "none").
     native = native and (tools.uses_tools(req) or tools.has_tool_history(req))
     messages = tools.chat_messages(req, fmt, native)
-    offered = [t.model_dump() for t in req.tools or []] if native and tools.uses_tools(req) else None
+    offered = [t.model_dump(exclude_none=True) for t in req.tools or []] if native and tools.uses_tools(req) else None
     return messages, offered
 
 
