@@ -45,7 +45,9 @@ def tool_format(engine: Engine, req: ChatRequest) -> tuple[ToolFormat, bool]:
     template writes tools and the call history itself (native) rather than having them described."""
     template = engine.template
     cls = format_class(template.source, template.renders_tools, engine.config.tool_format)
-    return cls(tools.specs(req.tools)), cls.native and template.renders_tools
+    fmt = cls(tools.specs(req.tools))
+    fmt.token_of = engine.vocab.special_token  # its grammar names the tags this vocabulary holds as special tokens
+    return fmt, cls.native and template.renders_tools
 
 
 def template_input(
