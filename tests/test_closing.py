@@ -218,3 +218,27 @@ def test_a_forced_tool_call_with_a_tight_budget_validates(engine):
         _, calls = fmt.parse(f.text, final=True)
         assert len(calls) == 1 and f.stats.completion_tokens <= budget, f.text
         jsonschema.validate(json.loads(calls[0].arguments), PARAMS[calls[0].name])
+
+
+def test_a_raw_text_value_closes_at_its_tag(grammars):
+    """Qwen3-Coder writes a plain string as raw text, where a quote is text too: the path ends the value by
+    writing its closing tag, so a rambling model's call still parses and validates within the budget."""
+    edit = ToolSpec(
+        "write_file",
+        None,
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["path"],
+        },
+    )
+    fmt = Qwen3Coder([edit])
+    source = fmt.grammar([edit], required=True, parallel=False, answer=fmt.answer_rule(None))
+    shortest = grammars.shortest(grammars.compile(lark(source)))
+    assert shortest is not None
+    for seed, budget in enumerate((shortest, shortest + 6, 48)):
+        budget = max(budget, shortest)
+        text, used, _, _ = drive(grammars, lark(source), rambler(grammars.vocab, seed), budget)
+        _, calls = fmt.parse(text, final=True)
+        assert len(calls) == 1 and used <= budget, (budget, text)
+        jsonschema.validate(json.loads(calls[0].arguments), edit.parameters)

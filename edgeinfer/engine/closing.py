@@ -80,10 +80,19 @@ class Step:
     cost: int
 
 
-class Closer:
-    """Closing paths over one vocabulary: each token's rank, computed once per model."""
+# Closing tags of the tool-call formats that write values as raw text (Qwen3-Coder's XML), innermost first.
+# Inside such a value every token is text, a quote too, so ranking tokens cannot end it: the tag, written
+# whole, does. Tried only when the ranked path finds no end.
+CLOSING_TAGS = ("</parameter>", "\n</parameter>", "</function>", "\n</function>", "</tool_call>", "\n</tool_call>")
 
-    def __init__(self, pieces: list[bytes]) -> None:
+
+class Closer:
+    """Closing paths over one vocabulary: each token's rank, computed once per model.
+
+    tags: the token ids of each of CLOSING_TAGS in this vocabulary."""
+
+    def __init__(self, pieces: list[bytes], tags: list[list[int]] | None = None) -> None:
+        self.tags = [t for t in tags or [] if t]
         self.n_vocab = len(pieces)
         ranks = np.array([rank_of(p) for p in pieces], dtype=np.int32)
         # Token ids best first, the never-chosen left out: the first allowed one in this order is the choice.
@@ -106,21 +115,31 @@ class Closer:
     def path(self, matcher: Any, limit: int) -> list[Step] | None:
         """The greedy closing path from the matcher's state, if it costs at most `limit` tokens; else None.
 
-        Spends the matcher (pass a deep copy). An accepting state has the empty path."""
+        Spends the matcher (pass a deep copy). An accepting state has the empty path. When the ranked
+        path finds no end, a second one first writes a closing tag wherever the grammar takes one whole."""
+        spare = matcher.deep_copy() if self.tags else None
+        steps = self._path(matcher, limit, tags=False)
+        if steps is None and spare is not None:
+            steps = self._path(spare, limit, tags=True)
+        return steps
+
+    def _path(self, matcher: Any, limit: int, tags: bool) -> list[Step] | None:
         steps: list[Step] = []
         used = 0
         mask = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)  # per call: paths are found on several threads
         while not matcher.is_accepting():
-            token = self.best(matcher, mask)
-            if token is None or used >= limit or not matcher.consume_token(token):
+            tag = next((t for t in self.tags if matcher.validate_tokens(t) == len(t)), None) if tags else None
+            chosen = tag or [self.best(matcher, mask)]
+            if chosen[0] is None or used >= limit or not matcher.consume_tokens(chosen):
                 return None
             forced = matcher.compute_ff_tokens()
             if forced and not matcher.consume_tokens(forced):
                 return None
-            used += 1 + len(forced)
+            used += len(chosen) + len(forced)
             if used > limit:
                 return None
-            steps.append(Step(token, 1 + len(forced)))
+            steps += [Step(t, 1) for t in chosen[:-1]]
+            steps.append(Step(chosen[-1], 1 + len(forced)))
         return steps
 
 

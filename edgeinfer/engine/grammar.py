@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgeinfer.engine.closing import SEARCH, WINDOW, Closer, Step, cost
+from edgeinfer.engine.closing import CLOSING_TAGS, SEARCH, WINDOW, Closer, Step, cost
 from edgeinfer.errors import RequestError
 from edgeinfer.llamacpp import Context, Vocab
 from edgeinfer.options import Grammar
@@ -71,7 +71,9 @@ class Grammars:
         """The closing paths' ranks over this vocabulary (about half a second: built once per model)."""
         with self._lock:
             if self._closer is None:
-                self._closer = Closer([self.vocab.piece(t) for t in range(self.vocab.n_tokens)])
+                pieces = [self.vocab.piece(t) for t in range(self.vocab.n_tokens)]
+                tags = [self.vocab.tokenize(t, add_special=False, parse_special=True) for t in CLOSING_TAGS]
+                self._closer = Closer(pieces, tags)
             return self._closer
 
     def compile(self, grammar: Grammar) -> str:
