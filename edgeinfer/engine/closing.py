@@ -129,17 +129,21 @@ class Closer:
         mask = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)  # per call: paths are found on several threads
         while not matcher.is_accepting():
             tag = next((t for t in self.tags if matcher.validate_tokens(t) == len(t)), None) if tags else None
-            chosen = tag or [self.best(matcher, mask)]
-            if chosen[0] is None or used >= limit or not matcher.consume_tokens(chosen):
-                return None
-            forced = matcher.compute_ff_tokens()
-            if forced and not matcher.consume_tokens(forced):
-                return None
-            used += len(chosen) + len(forced)
-            if used > limit:
-                return None
-            steps += [Step(t, 1) for t in chosen[:-1]]
-            steps.append(Step(chosen[-1], 1 + len(forced)))
+            best = self.best(matcher, mask) if tag is None else None
+            # A tag's tokens one by one, as the stream will take them; once the grammar forces tokens of its
+            # own (the tag's rest, in its own tokens), the loop decides again from there.
+            for token in tag or [best]:
+                if token is None or used >= limit or not matcher.consume_token(token):
+                    return None
+                forced = matcher.compute_ff_tokens()
+                if forced and not matcher.consume_tokens(forced):
+                    return None
+                used += 1 + len(forced)
+                if used > limit:
+                    return None
+                steps.append(Step(token, 1 + len(forced)))
+                if forced:
+                    break
         return steps
 
 
