@@ -7,8 +7,8 @@ tree, so a checkout of an older commit runs its own code), sends N agent convers
 bench's agent workload at once with its six tools, tool_choice "required", greedy (once to warm
 the prompt cache, then streamed and whole, timed), and stops the server. It prints each tree's
 best wall time over the repeats, its completion tokens per second, how many replies were calls
-whose arguments validate, and the ratio to the first tree. The conversations come from this checkout for every tree, so both
-answer the same requests.
+whose arguments validate, and the ratio to the first tree. The conversations come from this
+checkout for every tree, so both answer the same requests.
 """
 
 from __future__ import annotations

@@ -128,12 +128,16 @@ class Closer:
         used = 0
         mask = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)  # per call: paths are found on several threads
         while not matcher.is_accepting():
-            tag = next((t for t in self.tags if matcher.validate_tokens(t) == len(t)), None) if tags else None
-            best = self.best(matcher, mask) if tag is None else None
+            chosen = next((t for t in self.tags if matcher.validate_tokens(t) == len(t)), None) if tags else None
+            if chosen is None:
+                best = self.best(matcher, mask)
+                if best is None:
+                    return None
+                chosen = [best]
             # A tag's tokens one by one, as the stream will take them; once the grammar forces tokens of its
             # own (the tag's rest, in its own tokens), the loop decides again from there.
-            for token in tag or [best]:
-                if token is None or used >= limit or not matcher.consume_token(token):
+            for token in chosen:
+                if used >= limit or not matcher.consume_token(token):
                     return None
                 forced = matcher.compute_ff_tokens()
                 if forced and not matcher.consume_tokens(forced):

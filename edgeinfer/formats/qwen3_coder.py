@@ -127,7 +127,7 @@ def _tool_rules(i: int, tool: ToolSpec, closing: str) -> list[str]:
     params = tool.parameters if isinstance(tool.parameters, dict) else {}
     required = set(params.get("required") or [])
     # Each property's schema keeps the definitions its references point to.
-    defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+    defs: dict[str, Any] = {k: params[k] for k in ("$defs", "definitions") if k in params}
     rules, parts = [], []
     for j, (key, schema) in enumerate(_properties(params).items()):
         rule = f"tool{i}_p{j}"

@@ -13,7 +13,8 @@ from edgeinfer.formats.qwen3_coder import Qwen3Coder
 # Most specific first: the first whose detect() knows the template wins (Qwen3-Coder's template also
 # names <tool_call>, so it comes before Hermes).
 FAMILIES: tuple[type[ToolFormat], ...] = (Qwen3Coder, Mistral, Llama3, Hermes)
-KNOWN: dict[str, type[ToolFormat]] = {f.name: f for f in (*FAMILIES, Generic)}
+_ALL: tuple[type[ToolFormat], ...] = (*FAMILIES, Generic)
+KNOWN: dict[str, type[ToolFormat]] = {f.name: f for f in _ALL}
 
 
 def format_class(template: str, renders_tools: bool, override: str = "auto") -> type[ToolFormat]:

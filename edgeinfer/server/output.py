@@ -135,9 +135,9 @@ def whole(finish: Finish, shape: AnswerShape) -> list[Event]:
     reasoning, content = _split(finish.text, shape)
     out: list[Event] = [ReasoningDelta(finish.index, reasoning)] if reasoning else []
     fmt = shape.calls
-    if fmt is None or finish.finish_reason not in ("stop", "length"):
-        before, found = content, []
-    else:
+    before: str | None = content
+    found: list[Call] = []
+    if fmt is not None and finish.finish_reason in ("stop", "length"):
         before, found = fmt.parse(content, final=True)
     if before:
         out.append(TextDelta(finish.index, before))
