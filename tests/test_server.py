@@ -548,6 +548,10 @@ class _FakeEngine:
         self.threads: list[str] = []
         self.template = ChatTemplate(None)
         self.config = EngineConfig()
+        self.vocab = self
+
+    def special_token(self, text):
+        return None  # no tag is a special token here
 
     def chat_text(self, messages, tools=None):
         import threading
