@@ -258,3 +258,21 @@ def json_objects(text: str, start: int) -> list[tuple[Any, int, int]]:
         out.append((obj, pos, end))
         pos = end
     return out
+
+
+def call_from_json(obj: Any, keys: tuple[str, str], default: Any = None) -> Call | None:
+    """A call from one JSON object the model wrote: its name, its arguments under the first of keys present
+    (an object, or JSON text of one; default when neither is), and its id where it wrote one. None when
+    the object is not a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(keys[0], obj.get(keys[1], default))
+    if isinstance(args, str):  # some models write the arguments as JSON text
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    call_id = obj.get("id")
+    return Call(obj["name"], json.dumps(args, ensure_ascii=False), call_id if isinstance(call_id, str) else None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edgeinfer.formats.base import Call, ToolFormat, ToolSpec, call_schema, partial_suffix
+from edgeinfer.formats.base import Call, ToolFormat, ToolSpec, call_from_json, call_schema, partial_suffix
 
 PYTHON_TAG = "<|python_tag|>"
 IPYTHON_HEADER = "<|start_header_id|>ipython<|end_header_id|>"
@@ -140,14 +140,4 @@ class Llama3(ToolFormat):
 
 def _call(obj: Any) -> Call | None:
     """A call from one JSON object the model wrote; None when it is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("parameters", obj.get("arguments"))
-    if isinstance(args, str):  # some models write the arguments as JSON text
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return Call(obj["name"], json.dumps(args, ensure_ascii=False))
+    return call_from_json(obj, ("parameters", "arguments"))

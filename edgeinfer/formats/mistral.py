@@ -23,7 +23,7 @@ import secrets
 import string
 from typing import Any
 
-from edgeinfer.formats.base import MAX_CALLS, Call, ToolFormat, ToolSpec, call_schema
+from edgeinfer.formats.base import MAX_CALLS, Call, ToolFormat, ToolSpec, call_from_json, call_schema
 
 OPEN = "[TOOL_CALLS]"
 ID_LENGTH = 9
@@ -134,15 +134,4 @@ def _skip(text: str, pos: int) -> int:
 
 def _call(obj: Any) -> Call | None:
     """A call from one JSON object the model wrote; None when it is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # some models write the arguments as JSON text
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    call_id = obj.get("id")
-    return Call(obj["name"], json.dumps(args, ensure_ascii=False), call_id if isinstance(call_id, str) else None)
+    return call_from_json(obj, ("arguments", "parameters"), {})
