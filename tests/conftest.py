@@ -176,3 +176,18 @@ def _private_user_dirs(tmp_path_factory):
 def sse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
     """The JSON events of an SSE stream's lines, without the closing [DONE]."""
     return [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and ln[5:].strip() != "[DONE]"]
+
+
+def grammar_takes(grammars, source: str, text: str) -> bool:
+    """Whether a Lark grammar, compiled by grammars[0] (Grammars), takes text whole over grammars[1]'s
+    vocabulary: token by token, as the model would write it."""
+    import llguidance
+
+    from edgeinfer.options import Grammar
+
+    compiled, vocab = grammars
+    matcher = llguidance.LLMatcher(
+        compiled.tokenizer(), compiled.compile(Grammar.model_construct(kind="lark", source=source, origin="tools"))
+    )
+    tokens = vocab.tokenize(text, add_special=False, parse_special=False)
+    return matcher.consume_tokens(tokens) and matcher.is_accepting()

@@ -28,6 +28,8 @@ from edgeinfer.llamacpp import Model
 from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import EngineConfig, Grammar, SamplingParams
 
+from .conftest import grammar_takes as matches
+
 TEMPLATES = Path(__file__).parent / "data" / "templates"  # where each came from: SOURCES.md there
 LLAMA33 = (TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()
 LLAMA32 = (TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text()
@@ -316,18 +318,6 @@ def test_the_templates_refuse_what_they_cannot_take():
 def grammars(model_path):
     model = Model(model_path)
     return Grammars(model.vocab), model.vocab
-
-
-def matches(grammars, source: str, text: str) -> bool:
-    """Whether the compiled grammar takes text whole (token by token, as the model would write it)."""
-    import llguidance
-
-    compiled, vocab = grammars
-    matcher = llguidance.LLMatcher(
-        compiled.tokenizer(), compiled.compile(Grammar.model_construct(kind="lark", source=source, origin="tools"))
-    )
-    tokens = vocab.tokenize(text, add_special=False, parse_special=False)
-    return matcher.consume_tokens(tokens) and matcher.is_accepting()
 
 
 def test_llama3_grammars(grammars):

@@ -14,7 +14,8 @@ from edgeinfer.formats.base import CallStream, ToolSpec
 from edgeinfer.formats.qwen3_coder import Qwen3Coder
 from edgeinfer.formats.select import format_class
 from edgeinfer.llamacpp import Model
-from edgeinfer.options import Grammar
+
+from .conftest import grammar_takes as matches
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"  # where each came from: SOURCES.md there
 QWEN3_CODER = (TEMPLATES / "Qwen3-Coder.jinja").read_text()
@@ -180,18 +181,6 @@ def test_held_back_is_what_may_begin_the_opening():
 def grammars(model_path):
     model = Model(model_path)
     return Grammars(model.vocab), model.vocab
-
-
-def matches(grammars, source: str, text: str) -> bool:
-    """Whether the compiled grammar takes text whole (token by token, as the model would write it)."""
-    import llguidance
-
-    compiled, vocab = grammars
-    matcher = llguidance.LLMatcher(
-        compiled.tokenizer(), compiled.compile(Grammar.model_construct(kind="lark", source=source, origin="tools"))
-    )
-    tokens = vocab.tokenize(text, add_special=False, parse_special=False)
-    return matcher.consume_tokens(tokens) and matcher.is_accepting()
 
 
 def test_the_forced_grammar_takes_written_calls_and_refuses_what_breaks_a_schema(grammars):
