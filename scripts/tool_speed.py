@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -25,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonschema
 
+from edgeinfer.bench.targets import calls_validate
 from edgeinfer.bench.workloads import agent_tools, messages
 from edgeinfer.client import async_client
 
@@ -88,15 +87,6 @@ async def ask(sock: Path, convs: list[Any], tools: list[Any], stream: bool) -> t
     return time.perf_counter() - t0, sum(t for t, _ in replies), [calls for _, calls in replies]
 
 
-def valid(calls: list[tuple[str, str]], schemas: dict[str, Any]) -> bool:
-    try:
-        for name, arguments in calls:
-            jsonschema.validate(json.loads(arguments), schemas[name])
-    except (KeyError, ValueError, jsonschema.ValidationError):
-        return False
-    return bool(calls)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH of a source tree (twice or more)")
@@ -117,7 +107,7 @@ def main() -> None:
                     asyncio.run(ask(sock, convs, tools, False))  # a warm-up: the shared prompts computed once
                     for stream in (True, False):
                         wall, tokens, calls = asyncio.run(ask(sock, convs, tools, stream))
-                        ok = sum(valid(c, schemas) for c in calls)
+                        ok = sum(calls_validate(c, schemas) for c in calls)
                         print(
                             f"repeat {r + 1} {name:>8} {'streamed' if stream else 'whole':>8}: {wall:6.2f} s, "
                             f"{tokens} tokens, {ok}/{len(calls)} valid calls",

@@ -100,31 +100,18 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
 def _tool_validity(targets: list[Target], n: int) -> list[str]:
     """Each target answers n agent conversations with real tools and tool_choice "required" (greedy): the share
     of replies that are tool calls whose arguments validate against the tool's parameters."""
-    import json
-
-    import jsonschema
-
-    from edgeinfer.bench.targets import tool_replies
+    from edgeinfer.bench.targets import calls_validate, tool_replies
     from edgeinfer.bench.workloads import agent_tools
 
     tools = agent_tools()
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}  # type: ignore[index]
-
-    def valid(reply: Any) -> bool:
-        _, calls = reply
-        try:
-            for name, arguments in calls:
-                jsonschema.validate(json.loads(arguments), schemas[name])
-        except (KeyError, ValueError, jsonschema.ValidationError):
-            return False
-        return bool(calls)
 
     lines = [f"\ntool calls with real tools (tool_choice required, greedy, {n} agent conversations):"]
     for t in targets:
         replies = tool_replies(t, messages("agent", n, head="[tools] "), tools, 128)
         if all(r is None for r in replies):
             continue
-        ok = sum(1 for r in replies if r is not None and valid(r))
+        ok = sum(1 for r in replies if r is not None and calls_validate(r[1], schemas))
         lines.append(f"  {t.name}: {ok}/{n} replies are tool calls whose arguments validate")
     return lines
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -240,6 +241,18 @@ async def _run_streams(
 
 
 # --- tool-call validity (the agent workload) ---------------------------------------------
+
+
+def calls_validate(calls: list[tuple[str, str]], schemas: dict[str, Any]) -> bool:
+    """Whether a reply is tool calls, each naming a known tool, with JSON arguments its schema validates."""
+    import jsonschema
+
+    try:
+        for name, arguments in calls:
+            jsonschema.validate(json.loads(arguments), schemas[name])
+    except (KeyError, ValueError, jsonschema.ValidationError):
+        return False
+    return bool(calls)
 
 
 def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]], max_tokens: int) -> list[Any]:
