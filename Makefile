@@ -33,7 +33,7 @@ STAMP := $(VENV)/.installed-$(WHEEL_KEY)
 
 .PHONY: install chat binary test test-fast lint format typecheck bench clean clean-wheels
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/build_llama_wheel.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) scripts/build_llama_wheel.py --package llama-cpp-python==$(LLAMA_CPP_PYTHON) --out "$(WHEELS)" \

@@ -13,7 +13,9 @@ Standard library only: it runs before the project's dependencies are installed.
 from __future__ import annotations
 
 import argparse
+import base64
 import fnmatch
+import hashlib
 import os
 import re
 import subprocess
@@ -103,9 +105,72 @@ def drop_from_wheel(wheel: Path, patterns: list[str]) -> list[str]:
     return dropped
 
 
+# llama-cpp-python does not load ggml's loadable backends (GGML_BACKEND_DL: the portable build's CPU
+# variants, RPC, a GPU's), so in such a build its own `Llama(model_path=...)` fails with "no backends
+# are loaded". llama.cpp's tools load them at start; this makes `llama_backend_init`, which Llama calls
+# first, do the same, unless the program loaded some itself (edgeinfer does, to honour its CPU-variant
+# choice). Appended to llama_cpp/llama_cpp.py in the wheel, where `_lib` and `_base_path` are defined.
+BACKENDS_MARK = "# --- edgeinfer: load the build's ggml backends"
+BACKENDS_PATCH = f"""
+
+{BACKENDS_MARK} (scripts/build_llama_wheel.py) ---
+_lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+_lib.ggml_backend_reg_count.argtypes = []
+_lib.ggml_backend_load_all_from_path.restype = None
+_lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+_llama_backend_init_alone = llama_backend_init
+
+
+def llama_backend_init():
+    \"\"\"Initialize the llama + ggml backend; first load this build's ggml backends if none are loaded.\"\"\"
+    if _lib.ggml_backend_reg_count() == 0:
+        _lib.ggml_backend_load_all_from_path(str(_base_path).encode())
+    _llama_backend_init_alone()
+"""
+PATCHED_FILE = "llama_cpp/llama_cpp.py"
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest},{len(data)}"
+
+
+def load_backends_on_init(wheel: Path) -> bool:
+    """Patch a wheel with loadable backends so llama_backend_init loads them; False if not needed or done."""
+    with zipfile.ZipFile(wheel) as src:
+        names = src.namelist()
+        if not any(fnmatch.fnmatch(n, "llama_cpp/lib/libggml-cpu*.so") for n in names):
+            return False  # backends linked in: nothing to load
+        source = src.read(PATCHED_FILE).decode()
+        if BACKENDS_MARK in source:
+            return False
+        patched = (source.rstrip("\n") + "\n" + BACKENDS_PATCH).encode()
+        tmp = wheel.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                data = src.read(info)
+                if info.filename == PATCHED_FILE:
+                    data = patched
+                elif info.filename.endswith(".dist-info/RECORD"):
+                    lines = data.decode().splitlines(keepends=True)
+                    fixed = f"{PATCHED_FILE},{_record_hash(patched)}\n"
+                    data = "".join(fixed if x.split(",", 1)[0] == PATCHED_FILE else x for x in lines).encode()
+                dst.writestr(info, data)
+    os.replace(tmp, wheel)
+    return True
+
+
+def patch(out: Path) -> None:
+    """Apply the patches above to the kept wheel (also one built before they existed)."""
+    for wheel in out.glob("llama_cpp_python-*.whl"):
+        if load_backends_on_init(wheel):
+            print(f"  {wheel.name}: llama_backend_init loads the build's ggml backends (llama_cpp.Llama works)")
+
+
 def build(package: str, out: Path, cmake_args: str, cflags: str, drop: list[str]) -> int:
     if any(out.glob("llama_cpp_python-*.whl")):
         print(f"llama.cpp: using the wheel built before, in {out}")
+        patch(out)
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
     log_path = out.parent / f"{out.name}.log"
@@ -147,6 +212,7 @@ def build(package: str, out: Path, cmake_args: str, cflags: str, drop: list[str]
         for wheel in wheels:
             for name in drop_from_wheel(wheel, drop):
                 print(f"  left out of the wheel: {name}")
+            load_backends_on_init(wheel)
             os.replace(wheel, out / wheel.name)  # same file system: complete or absent, never half
     print(f"llama.cpp built in {minutes(time.monotonic() - progress.start)}; wheel kept in {out}")
     return 0

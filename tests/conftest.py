@@ -25,7 +25,7 @@ from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import EngineConfig, SamplingParams
 
 # Modules whose every test loads the model, and fixtures that load it.
-MODEL_MODULES = {"test_cli", "test_engine", "test_prefix_engine", "test_server", "test_spec"}
+MODEL_MODULES = {"test_llama_cpp_python", "test_cli", "test_engine", "test_prefix_engine", "test_server", "test_spec"}
 MODEL_FIXTURES = {"model_path", "engine", "server", "servers", "oai", "runner", "any_server", "server_spec_off"}
 
 

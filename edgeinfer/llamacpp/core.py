@@ -57,15 +57,18 @@ def init_backend() -> None:
     with _init_lock:
         if not _initialised:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
-            C.llama_backend_init()
             # A build with loadable backends (GGML_BACKEND_DL: the portable build's CPU variants, a
             # GPU backend) keeps them beside libllama: load the best for this machine before a model.
+            # First, so that llama_backend_init (which the build patches to load them when none are,
+            # for llama-cpp-python's own Llama) finds them loaded. A program that made a Llama first
+            # has them already: loading again would register each twice.
             lib = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(C.__file__).parent / "lib")
-            if any(lib.glob("libggml-cpu-*.so")):  # through libllama's own libggml: dlsym searches its needs
-                try:
+            if any(lib.glob("libggml-cpu-*.so")) and ggml.backend_count() == 0:
+                try:  # through libllama's own libggml: dlsym searches its needs
                     ggml.load_backends(lib, os.environ.get(ggml.CPU_VARIANT_ENV))
                 except ValueError as e:
                     raise ConfigError(str(e)) from None
+            C.llama_backend_init()
             _initialised = True
 
 

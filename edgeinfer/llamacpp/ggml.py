@@ -22,6 +22,7 @@ DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3
 _vp, _sz, _s = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
 _ABORT_FN = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "ggml_backend_reg_count": (_sz, []),
     "ggml_backend_load_all_from_path": (None, [_s]),
     "ggml_backend_load": (_vp, [_s]),
     "ggml_backend_reg_by_name": (_vp, [_s]),
@@ -90,6 +91,11 @@ def load_backends(lib_dir: Path, cpu_variant: str | None) -> None:
     for other in sorted(lib_dir.glob("libggml-*.so")):  # the other backends (RPC, a GPU's): one build each
         if not other.name.startswith(("libggml-cpu-", "libggml-base")):
             lib().ggml_backend_load(str(other).encode())
+
+
+def backend_count() -> int:
+    """How many backends are registered (loaded, or linked in)."""
+    return int(lib().ggml_backend_reg_count())
 
 
 def loaded_cpu_variant() -> str | None:

@@ -1,0 +1,89 @@
+"""llama-cpp-python stays whole: its own high-level API runs in the environment `make` builds.
+
+The portable build keeps ggml's backends as loadable libraries, which llama-cpp-python does not
+load by itself; scripts/build_llama_wheel.py patches the wheel so that `llama_backend_init` loads
+them. These tests run in a fresh process, as a user's script (or LangChain's and LlamaIndex's
+wrappers) would: nothing of edgeinfer is imported there first.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+SCRIPT = """
+import json, sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=512, verbose=False, seed=1)
+done = llm("The capital of France is", max_tokens=6, temperature=0.0)
+chat = llm.create_chat_completion(
+    messages=[{"role": "user", "content": "Say hello."}], max_tokens=6, temperature=0.0
+)
+print(json.dumps({"text": done["choices"][0]["text"], "tokens": done["usage"]["completion_tokens"],
+                  "chat": chat["choices"][0]["message"]["content"]}))
+"""
+
+
+def run_script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_llama_high_level_api_generates_text(model_path):
+    r = run_script(SCRIPT, str(model_path))
+    assert r.returncode == 0, f"llama_cpp.Llama failed in this environment:\n{r.stderr[-2000:]}"
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["tokens"] > 0 and out["text"].strip(), out
+    assert out["chat"].strip(), out
+
+
+def test_edgeinfer_after_llama_in_one_process_loads_the_backends_once(model_path):
+    # A script that made a Llama first and then uses edgeinfer: the backends are not registered twice.
+    code = (
+        "import sys\n"
+        "from llama_cpp import Llama\n"
+        "Llama(model_path=sys.argv[1], n_ctx=256, verbose=False)\n"
+        "from edgeinfer.llamacpp import core, ggml\n"
+        "core.init_backend()\n"
+        "print(ggml.backend_count())\n"
+    )
+    r = run_script(code, str(model_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = run_script("from edgeinfer.llamacpp import core, ggml; core.init_backend(); print(ggml.backend_count())")
+    assert r.stdout.split()[-1] == before.stdout.split()[-1], (r.stdout, before.stdout, before.stderr[-500:])
+
+
+def test_the_wheel_patch_is_applied_once_and_keeps_the_record_true(tmp_path):
+    import base64
+    import hashlib
+    import importlib.util
+    import zipfile
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "build_llama_wheel", Path(__file__).resolve().parent.parent / "scripts" / "build_llama_wheel.py"
+    )
+    assert spec and spec.loader
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    wheel = tmp_path / "llama_cpp_python-0-py3-none-any.whl"
+    source = b"import ctypes\n_lib = None\ndef llama_backend_init():\n    pass\n"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("llama_cpp/llama_cpp.py", source)
+        z.writestr("llama_cpp/lib/libggml-cpu-haswell.so", b"")
+        z.writestr(
+            "x.dist-info/RECORD", "llama_cpp/llama_cpp.py,sha256=old,1\nllama_cpp/lib/libggml-cpu-haswell.so,,\n"
+        )
+    assert build.load_backends_on_init(wheel)
+    assert not build.load_backends_on_init(wheel)  # already patched
+    with zipfile.ZipFile(wheel) as z:
+        patched = z.read("llama_cpp/llama_cpp.py")
+        record = z.read("x.dist-info/RECORD").decode()
+    assert patched.startswith(source) and patched.count(build.BACKENDS_MARK.encode()) == 1
+    compile(patched, "llama_cpp.py", "exec")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(patched).digest()).rstrip(b"=").decode()
+    assert f"llama_cpp/llama_cpp.py,sha256={digest},{len(patched)}" in record.splitlines()
+    plain = tmp_path / "native-0-py3-none-any.whl"  # a build with its backends linked in needs nothing
+    with zipfile.ZipFile(plain, "w") as z:
+        z.writestr("llama_cpp/llama_cpp.py", source)
+    assert not build.load_backends_on_init(plain)
