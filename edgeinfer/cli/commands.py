@@ -7,49 +7,19 @@ each command here parses, builds the config, calls the factory next to what it b
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from edgeinfer.bench.options import BenchOptions
+from edgeinfer.cli.errors import errors_as_messages
 from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
 from edgeinfer.cli.worker import worker
 from edgeinfer.errors import ConfigError, EdgeInferError
 from edgeinfer.events import Finish
 from edgeinfer.options import MAX_GRAMMAR_CHARS, EngineConfig, Grammar
-
-
-def errors_as_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Show EdgeInferError as a one-line message and a non-zero exit, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EdgeInferError as e:
-            _exit_if_wedged(f"edgeinfer: error: {e}")
-            raise click.ClickException(str(e)) from None
-        finally:
-            _exit_if_wedged()
-
-    return wrapper
-
-
-def _exit_if_wedged(message: str | None = None) -> None:
-    """After llama.cpp aborted (a worker stopped answering) a thread of it is parked for good, and its
-    clean-up at exit could wait on that thread: leave at once, with the message."""
-    ggml = sys.modules.get("edgeinfer.llamacpp.ggml")
-    if ggml is not None and ggml.wedged():
-        if message:
-            print(message, file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

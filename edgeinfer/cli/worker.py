@@ -8,6 +8,7 @@ import socket
 
 import click
 
+from edgeinfer.cli.errors import errors_as_messages
 from edgeinfer.errors import ConfigError
 
 SECURITY = (
@@ -38,8 +39,6 @@ def worker(host: str, port: int, threads: int, allow_remote: bool) -> None:
     RPC backend). One client at a time; Ctrl-C stops the worker. Listens on loopback unless
     --allow-remote: the protocol has no authentication or encryption.
     """
-    from edgeinfer.cli.commands import errors_as_messages
-
     errors_as_messages(_run)(host, port, threads, allow_remote)
 
 
