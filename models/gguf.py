@@ -1,8 +1,9 @@
-"""A pure-Python GGUF header reader: validates model files before llama.cpp sees them.
+"""GGUF metadata through ggml's own reader (the `gguf` package): validates model files before llama.cpp sees them.
 
 llama.cpp aborts or crashes on some malformed files, so every path is checked here
 first: the magic, the version, every metadata entry, the tensor table, and that the
-file is long enough to hold every tensor it declares.
+file is long enough to hold every tensor it declares (by gguf's own block sizes, so
+the newer types, IQ*, TQ*, MXFP4, count right).
 """
 
 from __future__ import annotations
@@ -10,30 +11,18 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, LlamaFileType
+from gguf.gguf_reader import READER_SUPPORTED_VERSIONS, ReaderField
 
 from edgeinfer.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 # Arrays longer than this are kept as their length only (the vocabulary has ~50k entries).
 _MAX_ARRAY_KEPT = 64
-
-# ggml tensor type -> (elements per block, bytes per block), for the size check.
-_BLOCK = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
-    8: (32, 34), 9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144),
-    13: (256, 176), 14: (256, 210), 15: (256, 292), 24: (1, 1), 25: (1, 2),
-    26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2),
-}  # fmt: skip
-
-# GGUF general.file_type -> name, for the common quantizations.
-FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S",
-    15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
-}  # fmt: skip
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
 @dataclass(slots=True)
@@ -66,7 +55,12 @@ class GGUFInfo:
     @property
     def quantization(self) -> str:
         ft = self.metadata.get("general.file_type")
-        return FILE_TYPES.get(ft, f"type {ft}") if ft is not None else "unknown"
+        if ft is None:
+            return "unknown"
+        try:
+            return LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            return f"type {ft}"
 
     @property
     def context_length(self) -> int | None:
@@ -82,41 +76,106 @@ class GGUFInfo:
         return self.metadata.get("tokenizer.chat_template")
 
 
-class _Reader:
-    def __init__(self, f: BinaryIO, path: Path) -> None:
-        self.f = f
-        self.path = path
+class _Truncated(Exception):
+    """The file ends before what its header declares; `need` is the size it should have (0: header cut)."""
 
-    def take(self, n: int) -> bytes:
-        data = self.f.read(n)
-        if len(data) != n:
-            raise ModelFileError(f"{self.path}: the file is truncated (header ends early); download it again")
-        return data
+    def __init__(self, need: int = 0) -> None:
+        self.need = need
 
-    def scalar(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        if n > 1 << 26:
-            raise ModelFileError(f"{self.path}: corrupt GGUF header (string of {n} bytes)")
-        return self.take(n).decode("utf-8", errors="replace")
+class _Reader(GGUFReader):
+    """GGUFReader that stops at the end of the file and skips the items of long arrays.
 
-    def value(self, vtype: int, key: str, lengths: dict[str, int]) -> Any:
-        if vtype in _SCALARS:
-            return self.scalar(_SCALARS[vtype])
-        if vtype == 8:
-            return self.string()
-        if vtype == 9:
-            etype, count = self.scalar("<I"), self.scalar("<Q")
-            if count > 1 << 26:
-                raise ModelFileError(f"{self.path}: corrupt GGUF header (array of {count} items)")
-            items = [self.value(etype, key, lengths) for _ in range(count)]
-            if count > _MAX_ARRAY_KEPT:
-                lengths[key] = count
-                return None
-            return items
-        raise ModelFileError(f"{self.path}: corrupt GGUF header (unknown value type {vtype} for {key!r})")
+    The stock reader builds one numpy view per array item: 4-5 s for SmolLM2's 49k tokens
+    and 48k merges. Here a long array is walked with struct (strings) or sized by
+    arithmetic (numbers) and kept as its length only, so a read takes milliseconds.
+    """
+
+    def _get(
+        self,
+        offset: int,
+        dtype: npt.DTypeLike,
+        count: int = 1,
+        override_order: Literal["I", "S", "<"] | None = None,
+    ) -> npt.NDArray[Any]:
+        if offset + np.dtype(dtype).itemsize * int(count) > self.data.size:
+            raise _Truncated
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(
+        self, orig_offs: int, raw_type: int
+    ) -> tuple[int, list[npt.NDArray[Any]], list[int], list[GGUFValueType]]:
+        if raw_type != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        itype = GGUFValueType(int(raw_itype[0]))
+        count = int(alen[0])
+        if count <= _MAX_ARRAY_KEPT or itype == GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        offs = orig_offs + 12
+        if itype == GGUFValueType.STRING:
+            fmt = "<Q" if self.endianess == GGUFEndian.LITTLE else ">Q"
+            buf, size = self.data.data, self.data.size  # one memoryview: no buffer export per item
+            for _ in range(count):
+                if offs + 8 > size:
+                    raise _Truncated
+                offs += 8 + struct.unpack_from(fmt, buf, offs)[0]
+            if offs > size:
+                raise _Truncated
+        else:
+            np_type = self.gguf_scalar_to_np.get(itype)
+            if np_type is None:
+                raise ValueError(f"unknown array item type {itype}")
+            offs += np.dtype(np_type).itemsize * count
+            if offs > self.data.size:
+                raise _Truncated
+        # No item parts: the field reads as its length only (see _value).
+        return offs - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
+
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        end = start_offs
+        for f in fields:
+            _len, _name, _n_dims, dims, raw_dtype, offset = f.parts
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+            end = max(end, start_offs + int(offset[0]) + int(np.prod(dims, dtype=np.uint64)) * type_size // block)
+        if end > self.data.size:
+            raise _Truncated(end)
+        super()._build_tensors(start_offs, fields)
+
+
+def _text(part: npt.NDArray[Any]) -> str:
+    return bytes(part).decode("utf-8", errors="replace")
+
+
+def _value(f: ReaderField) -> tuple[Any, int | None]:
+    """A field's value as plain Python, and for a long array (kept as its length only) that length."""
+    kind = f.types[0]
+    if kind == GGUFValueType.STRING:
+        return _text(f.parts[-1]), None
+    if kind != GGUFValueType.ARRAY:
+        return f.parts[-1].tolist()[0], None
+    count = int(f.parts[4][0])  # parts: key length, key, value type, item type, count, items...
+    if count > _MAX_ARRAY_KEPT:
+        return None, count
+    if f.types[-1] == GGUFValueType.STRING:
+        return [_text(f.parts[i]) for i in f.data], None
+    return f.contents(), None
+
+
+def _check_start(p: Path, size: int) -> None:
+    """The magic, version and counts, read directly so their errors are exact (and an empty file is no mmap)."""
+    with p.open("rb") as f:
+        head = f.read(24)
+    if head[:4] != GGUF_MAGIC:
+        raise ModelFileError(f"{p}: not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')")
+    if len(head) < 24:
+        raise _Truncated
+    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
+    if version not in READER_SUPPORTED_VERSIONS:
+        raise ModelFileError(f"{p}: GGUF version {version} is not supported (2 and 3 are)")
+    if n_tensors > 1 << 20 or n_kv > 1 << 20:
+        raise ModelFileError(f"{p}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys); download it again")
 
 
 def read_gguf(path: str | Path) -> GGUFInfo:
@@ -128,45 +187,35 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         raise ModelFileError(f"{p}: is a directory; pass --model with the path of a .gguf file")
     size = p.stat().st_size
     try:
-        with p.open("rb") as f:
-            r = _Reader(f, p)
-            magic = f.read(4)
-            if magic != GGUF_MAGIC:
-                raise ModelFileError(f"{p}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-            version = r.scalar("<I")
-            if version not in (2, 3):
-                raise ModelFileError(f"{p}: GGUF version {version} is not supported (2 and 3 are)")
-            n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
-            if n_tensors > 1 << 20 or n_kv > 1 << 20:
-                raise ModelFileError(f"{p}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
-            meta: dict[str, Any] = {}
-            lengths: dict[str, int] = {}
-            for _ in range(n_kv):
-                key = r.string()
-                meta[key] = r.value(r.scalar("<I"), key, lengths)
-            n_params, data_end = 0, 0
-            groups: dict[str, int] = {}
-            for _ in range(n_tensors):
-                name = r.string()
-                n_dims = r.scalar("<I")
-                if n_dims > 8:
-                    raise ModelFileError(f"{p}: corrupt GGUF tensor table ({n_dims} dimensions)")
-                n_el = 1
-                for _ in range(n_dims):
-                    n_el *= r.scalar("<Q")
-                ttype, offset = r.scalar("<I"), r.scalar("<Q")
-                n_params += n_el
-                per_block, block_bytes = _BLOCK.get(ttype, (1, 0))
-                data_end = max(data_end, offset + n_el // per_block * block_bytes)
-                group = ".".join(name.split(".")[:2]) if name.startswith("blk.") else name
-                groups[group] = groups.get(group, 0) + n_el // per_block * block_bytes
-            align = int(meta.get("general.alignment", 32))
-            data_start = -(-f.tell() // align) * align
-    except OSError as e:
-        raise ModelFileError(f"{p}: cannot read the file ({e.strerror})") from None
-    if data_start + data_end > size:
-        missing = data_start + data_end - size
+        _check_start(p, size)
+        reader = _Reader(p)
+        meta: dict[str, Any] = {}
+        lengths: dict[str, int] = {}
+        for key, f in reader.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            meta[key], n = _value(f)
+            if n is not None:
+                lengths[key] = n
+        version = int(reader.fields["GGUF.version"].parts[0][0])
+        groups: dict[str, int] = {}
+        for t in reader.tensors:
+            group = ".".join(t.name.split(".")[:2]) if t.name.startswith("blk.") else t.name
+            groups[group] = groups.get(group, 0) + int(t.n_bytes)
+        n_params = sum(int(t.n_elements) for t in reader.tensors)
+        n_tensors = len(reader.tensors)
+        del reader  # drop the memory map now
+    except _Truncated as e:
+        if not e.need:
+            raise ModelFileError(f"{p}: the file is truncated (header ends early); download it again") from None
         raise ModelFileError(
-            f"{p}: the file is truncated ({size} bytes, {missing} fewer than its tensors need); download it again"
-        )
+            f"{p}: the file is truncated ({size} bytes, {e.need - size} fewer than its tensors need); download it again"
+        ) from None
+    except ModelFileError:
+        raise
+    except OSError as e:
+        raise ModelFileError(f"{p}: cannot read the file ({e.strerror or e})") from None
+    except Exception as e:  # the reader raises ValueError, KeyError, IndexError... on a corrupt file
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelFileError(f"{p}: corrupt GGUF file ({reason}); download it again") from None
     return GGUFInfo(p, version, meta, n_tensors, n_params, size, lengths, groups)
