@@ -17,6 +17,27 @@ class ModelFileError(EdgeInferError):
     code = "model_file_error"
 
 
+class HubError(EdgeInferError):
+    """A model named on the Hugging Face Hub that could not be pulled (offline, unreachable, a bad download)."""
+
+    http_status = 502
+    code = "hub_error"
+
+
+class HubNotFoundError(HubError):
+    """A Hub repository, or a quant in it, that does not exist."""
+
+    http_status = 404
+    code = "model_not_found"
+
+
+class HubAccessError(HubError):
+    """A gated or private Hub repository the token (HF_TOKEN) has no access to."""
+
+    http_status = 403
+    code = "hub_access_denied"
+
+
 class ModelLoadError(EdgeInferError):
     """llama.cpp refused a file that looked like a valid GGUF."""
 
@@ -66,3 +87,28 @@ class DecodeError(EdgeInferError):
     """llama_decode failed in a way the engine could not recover from."""
 
     code = "decode_error"
+
+
+class ModelNotFoundError(EdgeInferError):
+    """A request naming a model the server does not serve."""
+
+    http_status = 404
+    code = "model_not_found"
+
+
+class ModelLoadingError(EdgeInferError):
+    """The requested model did not load within --load-timeout; the client should retry after retry_after seconds."""
+
+    http_status = 503
+    code = "model_loading"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ModelLoadFailedError(EdgeInferError):
+    """The requested model's file failed to load; the server goes on serving the others."""
+
+    http_status = 500
+    code = "model_load_failed"

@@ -20,6 +20,7 @@ from edgeinfer.cli.worker import worker
 from edgeinfer.errors import ConfigError, EdgeInferError
 from edgeinfer.events import Finish
 from edgeinfer.options import MAX_GRAMMAR_CHARS, EngineConfig, Grammar
+from edgeinfer.server.pool import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_MODELS, Serving
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,7 +115,41 @@ def kv_summary(config: EngineConfig) -> str:
 
 
 @main.command()
-@engine_options("serve")
+@click.option(
+    "--model",
+    "-m",
+    "models",
+    multiple=True,
+    help=f"{EngineConfig.model_fields['model'].description} Repeat to serve several; the first is the default.",
+)
+@options_from(EngineConfig, [n for n in EngineConfig.model_fields if n != "model"], command="serve")
+@click.option(
+    "--models-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also serve every .gguf in this folder, by file name without .gguf.",
+)
+@click.option(
+    "--max-models",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_MODELS,
+    show_default=True,
+    help="Models in memory at once; loading one more unloads the least recently used idle one (0: no bound).",
+)
+@click.option(
+    "--idle-unload",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Unload a model after this many seconds without a request (0: never).",
+)
+@click.option(
+    "--load-timeout",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_LOAD_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a request waits for its model to load before a 503 with Retry-After (the load goes on).",
+)
 @click.option(
     "--socket", "socket_path", default=None, help="Unix socket path [default: $XDG_RUNTIME_DIR/edgeinfer.sock]."
 )
@@ -147,15 +182,27 @@ def serve(
     grace: float,
     max_body_mb: float,
     dashboard: bool,
+    models: tuple[str, ...],
+    models_dir: Path | None,
+    max_models: int,
+    idle_unload: float,
+    load_timeout: float,
     **kw: Any,
 ) -> None:
-    """Serve the OpenAI API (chat, completions, models) on a Unix socket."""
+    """Serve the OpenAI API (chat, completions, models) on a Unix socket.
+
+    Several models: -m A -m B and/or --models-dir DIR; a request's `model` picks one (its id in
+    /v1/models, or the name given here), loaded on first use."""
     from edgeinfer.server.app import make_server
     from edgeinfer.server.listen import default_socket_path
     from edgeinfer.server.listen import serve as run_server
 
     _note_settings_file()
+    named = list(models) or [m for m in [(click.get_current_context().default_map or {}).get("model")] if m]
+    if named:
+        kw["model"] = named[0]
     config = engine_config(kw)
+    serving = Serving(named, models_dir, max_models, idle_unload, load_timeout)
     if no_socket and port is None:
         raise click.UsageError("--no-socket needs --port: there would be nothing to listen on")
     if no_socket and dashboard:
@@ -171,11 +218,13 @@ def serve(
             ),
             err=True,
         )
-    app = make_server(config, api_key, max_body_mb=max_body_mb)
+    app = make_server(config, api_key, max_body_mb=max_body_mb, serving=serving)
+    pool = app.state.edgeinfer.pool
     where = [f"unix:{path}"] if path else []
     if port is not None:
         where.append(f"http://{host}:{port}")
-    click.echo(f"edgeinfer: serving {config.model.name} on {' and '.join(where)} (Ctrl-C to stop)", err=True)
+    served = ", ".join(pool.slots) if len(pool.slots) <= 4 else f"{len(pool.slots)} models ({pool.default} first)"
+    click.echo(f"edgeinfer: serving {served} on {' and '.join(where)} (Ctrl-C to stop)", err=True)
     click.echo(f"edgeinfer: KV {kv_summary(config)}", err=True)
     tcp = (host, port) if port is not None else None
     if dashboard:

@@ -13,12 +13,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from edgeinfer.engine import Engine, make_engine
-from edgeinfer.errors import EdgeInferError, EngineClosedError, QueueFullError
-from edgeinfer.models.catalog import model_id_of
+from edgeinfer.engine import Engine
+from edgeinfer.errors import EdgeInferError, EngineClosedError, ModelLoadingError, QueueFullError
 from edgeinfer.options import EngineConfig
 from edgeinfer.server import messages, openai_chat, responses, routes, utility
 from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
+from edgeinfer.server.pool import DEFAULT_LOAD_TIMEOUT_S, ModelPool, ModelSpec, Serving, model_specs
 from edgeinfer.server.state import ServerState, error_response
 
 # Every API the server speaks: one router per module. A new dialect adds its router here.
@@ -36,10 +36,17 @@ def make_server(
     api_key: str | None = None,
     load_in_background: bool = True,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    serving: Serving | None = None,
 ) -> FastAPI:
-    """The ASGI app over an engine made from config (the CLI and the tests use this)."""
-    factory = lambda: make_engine(config)  # noqa: E731
-    return make_app(factory, model_id_of(config.model), api_key, load_in_background, max_body_mb)
+    """The ASGI app over engines made from config (the CLI and the tests use this): config.model alone, or
+    the models `serving` names (the first is the default), each with config's other options."""
+    pool = ModelPool(
+        model_specs(config, serving.models if serving else [], serving.models_dir if serving else None),
+        max_models=serving.max_models if serving else 0,
+        idle_unload_s=serving.idle_unload_s if serving else 0.0,
+        load_timeout_s=serving.load_timeout_s if serving else DEFAULT_LOAD_TIMEOUT_S,
+    )
+    return make_pool_app(pool, api_key, load_in_background, max_body_mb)
 
 
 def make_app(
@@ -49,11 +56,22 @@ def make_app(
     load_in_background: bool = True,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
 ) -> FastAPI:
-    """Build the app; the engine is made by `factory` at startup (in a thread, so /health answers 503 meanwhile).
+    """The app over one model whose engine `factory` makes (tests hand it a fake)."""
+    return make_pool_app(ModelPool([ModelSpec(model_id, None, factory)]), api_key, load_in_background, max_body_mb)
+
+
+def make_pool_app(
+    pool: ModelPool,
+    api_key: str | None = None,
+    load_in_background: bool = True,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+) -> FastAPI:
+    """Build the app; the default model is loaded at startup (in a thread, so /health answers 503 meanwhile),
+    the others on their first request.
 
     Request bodies over max_body_mb MiB are refused with 413 before they are parsed.
     """
-    state = ServerState(factory, model_id, api_key)
+    state = ServerState(None, pool.default, api_key, pool)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,9 +79,9 @@ def make_app(
             threading.Thread(target=state.load, name="edgeinfer-load", daemon=True).start()
         else:
             state.load()
+        pool.start_sweeper()
         yield
-        if state.engine is not None:
-            await asyncio.to_thread(state.engine.close)
+        await asyncio.to_thread(pool.close)
         for fn in state.on_close:
             fn()
 
@@ -104,6 +122,8 @@ def _union_tag(x: Any) -> bool:
 
 async def engine_error(request: Request, exc: EdgeInferError) -> JSONResponse:
     headers = {"Retry-After": "1"} if isinstance(exc, QueueFullError | EngineClosedError) else None
+    if isinstance(exc, ModelLoadingError):
+        headers = {"Retry-After": str(exc.retry_after)}
     param = getattr(exc, "param", None)
     kind = "invalid_request_error" if exc.http_status < 500 else "server_error"
     return error_response(request, exc.http_status, str(exc), kind, param, exc.code, headers)

@@ -82,8 +82,7 @@ class _Server(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         # An engine that stopped for good cannot recover in this process: shut down, so that a
         # supervisor (systemd, a shell loop) starts a fresh one; serve() then exits non-zero.
-        engine = self.state.engine
-        if engine is not None and engine.fatal_error is not None and not self.should_exit:
+        if not self.should_exit and self.state.fatal_error() is not None:
             self.handle_exit(0, None)
         return await super().on_tick(counter)
 
@@ -128,9 +127,9 @@ def serve(
             s.close()
         if remove is not None:
             remove()
-    engine = state.engine
-    if engine is not None and engine.fatal_error is not None:
-        raise EngineFailedError(f"the engine stopped ({engine.fatal_error}); the server shut down, start it again")
+    fatal = state.fatal_error()
+    if fatal is not None:
+        raise EngineFailedError(f"the engine stopped ({fatal}); the server shut down, start it again")
 
 
 def _run_beside(server: _Server, sockets: list[socket.socket], foreground: Callable[[], None], grace_s: float) -> None:

@@ -39,7 +39,7 @@ from edgeinfer.server.messages_schema import (
     ToolUseBlock,
 )
 from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
-from edgeinfer.server.run import chat_input, check_model, run_chat
+from edgeinfer.server.run import chat_input, run_chat
 from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import ERROR_SHAPES, authorized, server_state
 
@@ -333,15 +333,15 @@ router = APIRouter(dependencies=[Depends(authorized)])
 async def create_message(request: Request, body: MessagesRequest) -> Any:
     state = server_state(request)
     req = to_chat(body)
-    return await run_chat(request, state, req, lambda n: MessagesDialect(state.model_id, n), body.stream)
+    return await run_chat(request, state, req, lambda model, n: MessagesDialect(model, n), body.stream)
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, int]:
     """The prompt's length in tokens, as /v1/messages would render it: system, messages, tools."""
     state = server_state(request)
-    engine = state.ready()
     req = to_chat(body)
-    check_model(req.model, state.model_id)
-    prompt, _, _ = await asyncio.to_thread(chat_input, engine, req)
+    async with state.lease(req.model) as slot:
+        assert slot.engine is not None  # a leased slot stays loaded
+        prompt, _, _ = await asyncio.to_thread(chat_input, slot.engine, req)
     return {"input_tokens": len(prompt)}

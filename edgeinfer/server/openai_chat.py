@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from edgeinfer.events import Finish, StreamStats, TokenLogprob
 from edgeinfer.server.output import PLAIN, Done, Event, ReasoningDelta, TextDelta, ToolCall
-from edgeinfer.server.run import check_model, run_chat
+from edgeinfer.server.run import run_chat
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
 from edgeinfer.server.state import authorized, server_state
 from edgeinfer.server.streaming import SSEItem, respond, sse_data, submit
@@ -24,21 +24,22 @@ router = APIRouter(dependencies=[Depends(authorized)])
 async def chat_completions(request: Request, req: ChatRequest) -> Any:
     state = server_state(request)
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await run_chat(request, state, req, lambda _: ChatDialect(state.model_id, req.logprobs, usage), req.stream)
+    return await run_chat(request, state, req, lambda model, _: ChatDialect(model, req.logprobs, usage), req.stream)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, req: CompletionRequest) -> Any:
     state = server_state(request)
-    engine = state.ready()
-    check_model(req.model, state.model_id)
-    prompt = req.prompt_input()
-    if isinstance(prompt, str) and prompt:
-        prompt = await asyncio.to_thread(engine.tokenize, prompt)
-    handles = await submit(engine, prompt, req.to_sampling(), req.n)
-    usage = bool(req.stream_options and req.stream_options.include_usage)
-    dialect = CompletionDialect(state.model_id, req.logprobs is not None, usage)
-    return await respond(request, state, handles, dialect, req.stream, PLAIN)
+    async with state.lease(req.model) as slot:
+        engine = slot.engine
+        assert engine is not None  # a leased slot stays loaded
+        prompt = req.prompt_input()
+        if isinstance(prompt, str) and prompt:
+            prompt = await asyncio.to_thread(engine.tokenize, prompt)
+        handles = await submit(engine, prompt, req.to_sampling(), req.n)
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        dialect = CompletionDialect(slot.name, req.logprobs is not None, usage)
+        return await respond(request, state, handles, dialect, req.stream, PLAIN)
 
 
 # Done.reason to OpenAI's finish_reason: a cancelled or failed choice ends as "stop" (the error

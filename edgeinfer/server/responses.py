@@ -189,9 +189,9 @@ async def create_response(request: Request, req: ResponsesRequest) -> Any:
     chat = to_chat(req, tools, items, len(history))
     store = store_of(request)
     keep = (lambda response: store.put(response, items)) if req.stored else None
-    dialect = ResponsesDialect(state.model_id, echo(req, chat, tools), keep)
+    shown = echo(req, chat, tools)
     try:
-        return await run_chat(request, state, chat, lambda _: dialect, req.stream)
+        return await run_chat(request, state, chat, lambda model, _: ResponsesDialect(model, shown, keep), req.stream)
     except RequestError as e:  # the engine's door names chat's fields: say them as this API does
         if e.param in OUR_NAMES:
             raise RequestError(str(e).replace(e.param, OUR_NAMES[e.param], 1), OUR_NAMES[e.param]) from None

@@ -1,8 +1,9 @@
-"""The endpoints every API shares: health, models, metrics and the stats feed."""
+"""The endpoints every API shares: health, models, metrics and the stats feed (of each served model)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,8 +13,8 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 
-from edgeinfer.errors import RequestError
-from edgeinfer.server.state import authorized, server_state
+from edgeinfer.errors import EdgeInferError, EngineClosedError, RequestError
+from edgeinfer.server.state import ServerState, authorized, server_state
 
 router = APIRouter()
 guarded = APIRouter(dependencies=[Depends(authorized)])
@@ -21,21 +22,26 @@ guarded = APIRouter(dependencies=[Depends(authorized)])
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    """ok once the default model's first load has ended well (the others load on demand); 503 while it loads,
+    500 if it failed, 503 once an engine has stopped for good."""
     state = server_state(request)
-    if state.engine is not None and state.engine.fatal_error is not None:
-        return JSONResponse({"status": "error", "error": state.engine.fatal_error}, status_code=503)
-    if state.engine is not None:
-        return JSONResponse({"status": "ok"})
+    fatal = state.fatal_error()
+    if fatal is not None:
+        return JSONResponse({"status": "error", "error": fatal}, status_code=503)
+    if not state.loaded_once and state.engine is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
     if state.load_error:
         return JSONResponse({"status": "error", "error": state.load_error}, status_code=500)
-    return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @guarded.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
+    """Every servable model in OpenAI's shape, with what it is beside (status: unloaded, queued, loading,
+    loaded, draining, unloading; loaded: in memory now; path; error of a failed load; note)."""
     state = server_state(request)
-    entry = {"id": state.model_id, "object": "model", "created": int(state.started), "owned_by": "edgeinfer"}
-    return {"object": "list", "data": [entry]}
+    base = {"object": "model", "created": int(state.started), "owned_by": "edgeinfer"}
+    return {"object": "list", "data": [{**entry, **base} for entry in state.pool.describe()]}
 
 
 @guarded.get("/metrics")
@@ -44,22 +50,45 @@ async def metrics(request: Request) -> Response:
 
 
 @guarded.get("/v1/edgeinfer/stats")
-async def stats(request: Request) -> dict[str, Any]:
-    return server_state(request).ready().snapshot().model_dump(mode="json")
+async def stats(request: Request, model: str | None = None) -> dict[str, Any]:
+    """The named model's engine now (the default's without ?model=), and the served models beside it."""
+    return _stats(server_state(request), model)
 
 
 @guarded.get("/v1/edgeinfer/stats/stream")
-async def stats_stream(request: Request, interval: float = 1.0) -> EventSourceResponse:
-    engine = server_state(request).ready()
+async def stats_stream(request: Request, interval: float = 1.0, model: str | None = None) -> EventSourceResponse:
+    state = server_state(request)
+    first = _stats(state, model)
     if not 0.05 <= interval <= 60:
         raise RequestError("interval must be between 0.05 and 60 seconds", "interval")
 
     async def feed() -> AsyncIterator[dict[str, str]]:
+        snap = first
         while True:
-            yield {"data": engine.snapshot().model_dump_json()}
+            yield {"data": json.dumps(snap)}
             await asyncio.sleep(interval)
+            try:
+                snap = _stats(state, model)
+            except EdgeInferError as e:  # the model was unloaded: say so, the client reconnects
+                yield {"event": "error", "data": json.dumps({"error": str(e)})}
+                return
 
     return EventSourceResponse(feed())
+
+
+def _stats(state: ServerState, model: str | None) -> dict[str, Any]:
+    """An engine's snapshot as JSON, with "served": each servable model and whether it is loaded.
+    Reading stats never loads a model: one not in memory is a 503 saying so."""
+    slot = state.pool.find(model)
+    engine = slot.engine
+    if engine is None:
+        if slot.name == state.model_id and not state.loaded_once:
+            state.ready()  # raises: the default model is still loading, or failed to
+        raise EngineClosedError(f"model {slot.name!r} is not loaded now (status {slot.state}); ask it something first")
+    doc: dict[str, Any] = engine.snapshot().model_dump(mode="json")
+    doc["served_model"] = slot.name
+    doc["served"] = [{k: m[k] for k in ("id", "status", "loaded")} for m in state.pool.describe()]
+    return doc
 
 
 router.include_router(guarded)

@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import Request
 
 from edgeinfer.engine import Engine
-from edgeinfer.errors import EdgeInferError
 from edgeinfer.formats import reasoning
 from edgeinfer.formats.base import ToolFormat
 from edgeinfer.formats.select import format_class
@@ -26,18 +25,7 @@ from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import Dialect, respond, submit
 
-DialectFactory = Callable[[int], Dialect]  # called with the rendered prompt's length in tokens
-
-
-class ModelNotFound(EdgeInferError):
-    http_status = 404
-    code = "model_not_found"
-
-
-def check_model(name: str, model_id: str) -> None:
-    """The one model served answers to its id and to "default"; any other name is a 404."""
-    if name not in (model_id, "default"):
-        raise ModelNotFound(f"model {name!r} is not served here; GET /v1/models lists {model_id!r}")
+DialectFactory = Callable[[str, int], Dialect]  # called with the model's id and the rendered prompt's length in tokens
 
 
 def tool_format(engine: Engine, req: ChatRequest) -> tuple[ToolFormat, bool]:
@@ -107,11 +95,13 @@ def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingPar
 async def run_chat(
     request: Request, state: ServerState, req: ChatRequest, dialect_factory: DialectFactory, stream: bool
 ) -> Any:
-    """Check the model, render and tokenize the prompt (off the event loop), submit req.n streams,
-    and answer in the factory's dialect. Bad input raises an EdgeInferError (a 4xx) before anything is sent."""
-    engine = state.ready()
-    check_model(req.model, state.model_id)
-    # Templating and tokenizing take time in proportion to the prompt: off the event loop.
-    prompt, params, shape = await asyncio.to_thread(chat_input, engine, req)
-    handles = await submit(engine, prompt, params, req.n)
-    return await respond(request, state, handles, dialect_factory(len(prompt)), stream, shape)
+    """Find the model (loading it if need be), render and tokenize the prompt (off the event loop), submit
+    req.n streams, and answer in the factory's dialect. Bad input raises an EdgeInferError (a 4xx) before
+    anything is sent."""
+    async with state.lease(req.model) as slot:
+        engine = slot.engine
+        assert engine is not None  # a leased slot stays loaded
+        # Templating and tokenizing take time in proportion to the prompt: off the event loop.
+        prompt, params, shape = await asyncio.to_thread(chat_input, engine, req)
+        handles = await submit(engine, prompt, params, req.n)
+        return await respond(request, state, handles, dialect_factory(slot.name, len(prompt)), stream, shape)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -13,23 +14,35 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from edgeinfer.engine import Engine
-from edgeinfer.errors import EdgeInferError, EngineClosedError
+from edgeinfer.errors import EngineClosedError
+from edgeinfer.server.pool import ModelPool, ModelSpec, Slot
 from edgeinfer.server.prometheus import EngineCollector
 from edgeinfer.server.schema import error_body
 
 
 class ServerState:
-    """The engine once loaded, or why it is not there yet; what the routes share."""
+    """The models served (a pool of engines, loaded on demand), the default's first load, and what the routes share."""
 
-    def __init__(self, factory: Callable[[], Engine], model_id: str, api_key: str | None) -> None:
-        self.factory = factory
-        self.model_id = model_id
+    def __init__(
+        self,
+        factory: Callable[[], Engine] | None,
+        model_id: str,
+        api_key: str | None,
+        pool: ModelPool | None = None,
+    ) -> None:
+        """One model that factory makes, or the models of pool (then factory is None)."""
+        if pool is None:
+            assert factory is not None, "ServerState needs a factory or a pool"
+            pool = ModelPool([ModelSpec(model_id, None, factory)])
+        self.pool = pool
+        self.model_id = self.pool.default  # the default model's id: requests naming "default" or none get it
         self.api_key = api_key
-        self.engine: Engine | None = None
-        self.load_error: str | None = None
+        self.load_error: str | None = None  # why the default model failed its first load
+        self.loaded_once = False  # the default model's first load has ended (well or not)
+        self._fatal: str | None = None  # kept once seen: the engine may be closed and gone by the time serve() asks
         self.started = time.time()
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(lambda: self.engine))
+        self.registry.register(EngineCollector(self.pool.engines))
         # Run at shutdown after the engine closes (e.g. removing the socket file): uvicorn
         # re-raises SIGTERM once it has shut down, so code after it never runs.
         self.on_close: list[Callable[[], None]] = []
@@ -38,6 +51,25 @@ class ServerState:
         self.grace_s = 10.0
         self.shutdown_at: float | None = None
 
+    @property
+    def engine(self) -> Engine | None:
+        """The default model's engine while it is in memory."""
+        return self.pool.engine_of(None)
+
+    @engine.setter
+    def engine(self, engine: Engine | None) -> None:
+        self.pool.set_engine(engine)
+
+    def fatal_error(self) -> str | None:
+        """The first engine that stopped for good (a llama.cpp abort): this process cannot recover from it."""
+        if self._fatal is None:
+            for name, engine in self.pool.engines():
+                if engine.fatal_error is not None:
+                    many = len(self.pool.slots) > 1
+                    self._fatal = f"{name}: {engine.fatal_error}" if many else str(engine.fatal_error)
+                    break
+        return self._fatal
+
     def grace_left(self) -> float | None:
         """Seconds of the shutdown grace left; None while the server is not shutting down."""
         if self.shutdown_at is None:
@@ -45,19 +77,23 @@ class ServerState:
         return self.shutdown_at + self.grace_s - time.monotonic()
 
     def load(self) -> None:
-        try:
-            self.engine = self.factory()
-        except EdgeInferError as e:
-            self.load_error = str(e)
-        except Exception as e:
-            self.load_error = f"model load failed: {e!r}"
+        """The default model's first load, at startup; the others load on their first request."""
+        slot = self.pool.load_now()
+        self.load_error = slot.error
+        self.loaded_once = True
 
     def ready(self) -> Engine:
-        if self.engine is None:
+        """The default model's engine, for routes that name no model; EngineClosedError while it is not loaded."""
+        engine = self.engine
+        if engine is None:
             if self.load_error:
                 raise EngineClosedError(f"the model failed to load: {self.load_error}")
             raise EngineClosedError("the model is still loading; retry when /health answers 200")
-        return self.engine
+        return engine
+
+    def lease(self, model: str | None) -> AbstractAsyncContextManager[Slot]:
+        """`async with state.lease(req.model) as slot`: the named model's engine (slot.engine), loaded on demand."""
+        return self.pool.lease(model)
 
 
 def server_state(request: Request) -> ServerState:

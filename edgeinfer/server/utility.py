@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import RequestError
-from edgeinfer.server.run import chat_text, check_model
+from edgeinfer.server.pool import Slot
+from edgeinfer.server.run import chat_text
 from edgeinfer.server.schema import MAX_PROMPT_IDS, ChatRequest, lone_surrogate_message
 from edgeinfer.server.state import authorized, server_state
 
@@ -47,6 +48,7 @@ class TokenizeRequest(_Strict):
     add_special: bool = False  # BOS (and the like) where the model's tokenizer adds them
     parse_special: bool = True  # "<|im_start|>" in the text is that special token, not its characters
     with_pieces: bool = False
+    model: str = "default"  # which served model's vocabulary
 
     @field_validator("content")
     @classmethod
@@ -58,6 +60,7 @@ class DetokenizeRequest(_Strict):
     """POST /detokenize (llama-server): token ids to text."""
 
     tokens: TokenIds
+    model: str = "default"  # which served model's vocabulary
 
 
 class ApplyTemplateRequest(ChatRequest):
@@ -124,9 +127,9 @@ def _kind(x: Any) -> str:
 
 @router.post("/tokenize")
 async def tokenize(request: Request, req: TokenizeRequest) -> dict[str, Any]:
-    engine = server_state(request).ready()
-    # Off the event loop: a body of megabytes is millions of tokens.
-    return {"tokens": await asyncio.to_thread(_tokens, engine, req)}
+    async with server_state(request).lease(req.model) as slot:
+        # Off the event loop: a body of megabytes is millions of tokens.
+        return {"tokens": await asyncio.to_thread(_tokens, _engine(slot), req)}
 
 
 def _tokens(engine: Engine, req: TokenizeRequest) -> list[int] | list[dict[str, Any]]:
@@ -146,9 +149,10 @@ def _piece(data: bytes) -> str | list[int]:
 
 @router.post("/detokenize")
 async def detokenize(request: Request, req: DetokenizeRequest) -> dict[str, str]:
-    engine = server_state(request).ready()
-    _check_ids(req.tokens, engine.vocab.n_tokens, "tokens")
-    return {"content": await asyncio.to_thread(engine.vocab.detokenize, req.tokens, True)}
+    async with server_state(request).lease(req.model) as slot:
+        engine = _engine(slot)
+        _check_ids(req.tokens, engine.vocab.n_tokens, "tokens")
+        return {"content": await asyncio.to_thread(engine.vocab.detokenize, req.tokens, True)}
 
 
 def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
@@ -160,15 +164,23 @@ def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
 @router.post("/apply-template")
 async def apply_template(request: Request, req: ApplyTemplateRequest) -> dict[str, str]:
     """The prompt text the same body sent to /v1/chat/completions renders to, tools included."""
-    engine = server_state(request).ready()
-    return {"prompt": await asyncio.to_thread(chat_text, engine, req)}
+    async with server_state(request).lease(req.model) as slot:
+        return {"prompt": await asyncio.to_thread(chat_text, _engine(slot), req)}
 
 
 @router.post("/v1/embeddings")
 async def embeddings(request: Request, req: EmbeddingsRequest) -> dict[str, Any]:
     state = server_state(request)
-    engine = state.ready()
-    check_model(req.model, state.model_id)
+    async with state.lease(req.model) as slot:
+        return await _embeddings(_engine(slot), slot.name, req)
+
+
+def _engine(slot: Slot) -> Engine:
+    assert slot.engine is not None  # a leased slot stays loaded
+    return slot.engine
+
+
+async def _embeddings(engine: Engine, model: str, req: EmbeddingsRequest) -> dict[str, Any]:
     emb = engine.embeddings
     if req.dimensions is not None and req.dimensions != emb.n_embd:
         raise RequestError(
@@ -184,7 +196,7 @@ async def embeddings(request: Request, req: EmbeddingsRequest) -> dict[str, Any]
     return {
         "object": "list",
         "data": data,
-        "model": state.model_id,
+        "model": model,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     }
 
