@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # llama-cpp-python builds llama.cpp from source. On Linux the build is portable: ggml's CPU
 # kernels for every x86-64 (or Arm) level, the best loaded at run time (GGML_BACKEND_DL), so
 # one build serves this virtualenv and the one-file binary on any machine; measured as fast
-# as a -march=native build here (README, One file). Elsewhere (macOS) the build is native.
+# as a -march=native build here (docs/binary.md). Elsewhere (macOS) the build is native.
 # LLAMA_CMAKE_ARGS adds flags, e.g. a GPU backend: make install LLAMA_CMAKE_ARGS="-DGGML_CUDA=on".
 LLAMA_CMAKE_ARGS ?=
 ifeq ($(shell uname -s),Linux)
@@ -16,7 +16,7 @@ PORTABLE := -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -D
 # no AMX; servers that do get the AVX-512 variants.
 DROP := --drop llama_cpp/lib/libggml-cpu-sapphirerapids.so
 endif
-# ggml's RPC backend, for `edgeinfer worker` and --rpc (README, Beyond one machine).
+# ggml's RPC backend, for `edgeinfer worker` and --rpc (docs/rpc.md).
 RPC := -DGGML_RPC=ON
 CMAKE_FLAGS := $(strip $(PORTABLE) $(RPC) $(LLAMA_CMAKE_ARGS))
 # The built wheel is kept in the user's cache, one folder per llama-cpp-python version and
@@ -48,7 +48,7 @@ install: $(STAMP)
 chat: $(STAMP)
 	$(VENV)/bin/edgeinfer chat
 
-# One file with Python, edgeinfer, llama.cpp and the default model (README, One file).
+# One file with Python, edgeinfer, llama.cpp and the default model (docs/binary.md).
 BINARY_SOURCES := $(shell git ls-files edgeinfer models tui 2>/dev/null) pyproject.toml scripts/build_binary.py
 
 binary: dist/edgeinfer
