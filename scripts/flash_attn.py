@@ -3,7 +3,7 @@
     .venv/bin/python scripts/flash_attn.py            # multi-agent, 1 and 16 streams, 48 tokens each
 
 The engines differ only in --flash-attn. On the CPU, llama.cpp's own auto turns flash attention
-on; this is the measurement behind edgeinfer's auto choosing off there (README, KV layout).
+on; this is the measurement behind edgeinfer's auto choosing off there (docs/benchmarks.md, Flash attention on the CPU).
 """
 
 from __future__ import annotations
