@@ -83,7 +83,7 @@ def warm_turns(base: EngineConfig, agents: int, overlap: bool = False) -> None:
                 history = [*conv, {"role": "assistant", "content": first.text}]
                 nexts.append([*history, new_turn])
             # The disk tier writes in the background; wait, so that its writes do not share the
-            # 2 cores with the turns measured next (the README gives the figure with them too).
+            # 2 cores with the turns measured next (docs/benchmarks.md gives the figure with them too).
             if engine.store is not None and engine.store.disk is not None and not overlap:
                 engine.store.disk.flush()
             for conv in nexts[: agents // 2]:  # half from RAM now; the other half after the restart
