@@ -1,6 +1,6 @@
 """The near-tie rule: how far llama.cpp's batch shapes move a greedy choice, measured, and the checks built on it.
 
-Packed and speculative batches round differently from a lone stream's (README, Packed and alone),
+Packed and speculative batches round differently from a lone stream's (docs/testing.md),
 so a greedy answer under load may part from the alone one, but only where the alone run's top
 candidates nearly tie. How near is "nearly" depends on the CPU kernels (AVX2 rounds differently
 from AVX-512), so it is measured on the machine that runs the check, not fixed: `measure_drift`
@@ -158,7 +158,7 @@ def check_greedy_texts(
 ) -> tuple[list[str], list[float], Drift]:
     """Every distinct greedy answer the soak saw, against the prompt's greedy answer computed alone.
 
-    Packed batches round differently from a lone stream's (README, Packed and alone), so answers
+    Packed batches round differently from a lone stream's (docs/testing.md), so answers
     may part from the alone reference, but only where its top two candidates nearly tie. Past each
     such parting the reference is recomputed from the answer's own choice (teacher forcing), so a
     later, confident parting is still found. Returns one line per answer that parts elsewhere,
