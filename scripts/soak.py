@@ -295,7 +295,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
     saved = f"{cache.get('ram_entries', 0)} saved conversations, {cache.get('ram_bytes', 0) >> 20} MiB"
     print(f"KV used {kv['used_cells']} cells; RAM tier {saved}; RSS {rss0 // 1024} -> {rss1 // 1024} MB")
     print(f"streamed vs whole greedy text: {compared - len(mismatched)}/{compared} equal", end="")
-    print("" if not mismatched else " (differences can be batch-shape near-ties; see README, Packed and alone)")
+    print("" if not mismatched else " (differences can be batch-shape near-ties; see docs/testing.md)")
     n_texts = sum(map(len, texts.values()))
     print(f"distinct greedy answers: {n_texts} for {len(texts)} prompts (in {answers_file}); ", end="")
     print(f"parting from the alone answer other than at near-ties: {len(ties)}")
