@@ -1,4 +1,4 @@
-"""EDGEINFER_CPU_VARIANT: a CPU variant of the portable build in place of the best (README, Testing on every CPU)."""
+"""EDGEINFER_CPU_VARIANT: a CPU variant of the portable build in place of the best (docs/testing.md)."""
 
 from __future__ import annotations
 
