@@ -21,7 +21,7 @@ from edgeinfer.speculative.verify import sampling_probs
 from .conftest import assert_same_or_near_tie, chat
 
 # Verifying k drafts decodes k+1 rows of one stream in one batch, and llama.cpp's CPU
-# kernels round differently for different batch shapes (README, "Packed and alone"):
+# kernels round differently for different batch shapes (docs/testing.md):
 # greedy runs with and without speculation may part, but only at near-ties.
 EXACT = {"parallel": 2, "ctx_size": 4096}
 REF = SamplingParams(temperature=0, max_tokens=80, logprobs=5)  # logprobs: the reference's top five
