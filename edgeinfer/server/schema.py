@@ -189,7 +189,7 @@ class _Sampling(SamplingFields):
         None, min_length=1, max_length=MAX_GRAMMAR_CHARS, description="edgeinfer: a Lark grammar the output follows"
     )
     logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
-    # Accepted, and change nothing on a local server (documented in the README).
+    # Accepted, and change nothing on a local server (documented in docs/structured.md).
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
