@@ -60,7 +60,7 @@ def lib() -> Any:
 # The portable build keeps ggml's CPU kernels as one library per x86-64 level (libggml-cpu-haswell.so
 # for AVX2, -skylakex/-icelake/-zen4 for AVX-512, ...) and loads the best this CPU runs. Each level
 # rounds differently, so EDGEINFER_CPU_VARIANT=NAME loads that one instead: on an AVX-512 machine
-# `haswell` reproduces an AVX2 machine's numerics (README, Testing).
+# `haswell` reproduces an AVX2 machine's numerics (docs/testing.md).
 
 CPU_VARIANT_ENV = "EDGEINFER_CPU_VARIANT"
 
