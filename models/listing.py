@@ -67,13 +67,19 @@ def list_models() -> None:
         if entry.draft:
             click.echo(click.style(f"      draft model: {entry.draft}", dim=True))
     searched = stores.discover()
+    shown: dict[str, stores.Found] = {}
     for store in searched:
         if not store.found:
             continue
         click.echo(click.style(f"\n{SOURCE_TITLES[store.source]} ({store.root})", bold=True))
         for f in store.found:
             seen.add(f.path.resolve())
-            click.echo(f"  {f.name}")
+            first = shown.setdefault(f.name.lower(), f)
+            if first is not f:  # the same name in an earlier store: --model NAME runs that one
+                note = f"(the name runs {first.source}'s; this one: --model {f.path})"
+                click.echo(f"  {f.name}  " + click.style(note, dim=True))
+            else:
+                click.echo(f"  {f.name}")
             if f.problem:
                 click.echo(click.style(f"      cannot run: {f.problem}", fg="red"))
             else:

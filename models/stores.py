@@ -46,7 +46,7 @@ _SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$")
 _TAG = re.compile(r"[-.]([A-Za-z0-9_]+)$")
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 
-SOURCES = ("hub", "llama.cpp", "lmstudio", "ollama")  # precedence when two stores give one name
+SOURCES = ("hub", "llama.cpp", "lmstudio", "ollama")
 
 
 @dataclass(slots=True)
@@ -176,7 +176,8 @@ def _split(stem: str) -> tuple[str, int, int]:
 def quant_tag(file_name: str) -> str:
     """Q4_K_M of "Qwen2.5-0.5B-Instruct-Q4_K_M-00001-of-00002.gguf"; "" when the name carries none."""
     m = _TAG.search(_split(file_name.removesuffix(".gguf"))[0])
-    return m[1].upper() if m else ""
+    # Every quant name has a digit (Q4_K_M, IQ2_XS, F16, BF16, MXFP4); "-Instruct" is no quant.
+    return m[1].upper() if m and any(c.isdigit() for c in m[1]) else ""
 
 
 def _is_model_file(name: str) -> bool:
@@ -292,7 +293,7 @@ def scan_ollama(root: Path) -> list[Found]:
     manifests = root / "manifests"
     out = []
     for m in sorted(manifests.glob("*/*/*/*")):  # HOST/NAMESPACE/MODEL/TAG, as Ollama's own Manifests() reads
-        if not m.is_file():
+        if not m.is_file() or m.name.startswith("."):
             continue
         host, namespace, model, tag = m.relative_to(manifests).parts
         name = _ollama_name(host, namespace, model, tag)
@@ -335,9 +336,9 @@ def discover(places: Iterable[Store] | None = None) -> list[Store]:
 
 
 def all_found() -> list[Found]:
-    """Everything found, in precedence order: Hub cache, llama.cpp, LM Studio, Ollama."""
-    found = [f for s in discover() for f in s.found]
-    return sorted(found, key=lambda f: SOURCES.index(f.source))
+    """Everything found, in precedence order: the stores' order (Hub cache, llama.cpp, LM Studio, Ollama,
+    or EDGEINFER_STORES's), so that of two files under one name the first store's runs."""
+    return [f for s in discover() for f in s.found]
 
 
 def match(name: str, found: list[Found]) -> Found | None:

@@ -267,3 +267,19 @@ def test_a_split_gguf_is_one_entry_from_its_first_part(home):
     (repo / "Big-Q4_1-00002-of-00002.gguf").unlink()
     with pytest.raises(ModelFileError, match=r"only 1 of its 2 parts are present"):
         stores.find("pub/Big-GGUF:Q4_1")
+
+
+def test_one_name_in_two_stores_runs_the_first_stores_file_and_the_listing_says_so(home, tmp_path):
+    snap = hub_repo(tmp_path / "hf" / "hub", "pub/M-GGUF", "M-Q4_1.gguf")
+    other = place(home / ".lmstudio" / "models" / "pub" / "M-GGUF" / "M-Q4_1.gguf")
+    assert resolve_model("pub/M-GGUF:Q4_1") == snap
+    listing = CliRunner().invoke(main, ["models"], terminal_width=300)
+    assert listing.exit_code == 0, listing.output
+    assert f"  pub/M-GGUF:Q4_1  (the name runs hub's; this one: --model {other})" in listing.output
+
+
+def test_the_quant_a_file_name_carries():
+    assert stores.quant_tag("Qwen2.5-0.5B-Instruct-Q4_K_M-00001-of-00003.gguf") == "Q4_K_M"
+    assert stores.quant_tag("SmolLM2-135M-Instruct.Q4_1.gguf") == "Q4_1"
+    assert stores.quant_tag("ggml-model-bf16.gguf") == "BF16"
+    assert stores.quant_tag("Llama-3.2-1B-Instruct.gguf") == ""  # no quant: the file's name is its name
