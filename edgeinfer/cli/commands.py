@@ -16,6 +16,7 @@ import click
 from edgeinfer.bench.options import BenchOptions
 from edgeinfer.cli.errors import errors_as_messages
 from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
+from edgeinfer.cli.pull import pull
 from edgeinfer.cli.worker import worker
 from edgeinfer.errors import ConfigError, EdgeInferError
 from edgeinfer.events import Finish
@@ -412,3 +413,4 @@ def models_quantize(src: str, dst: str, qtype: str, force: bool) -> None:
 
 
 main.add_command(worker)
+main.add_command(pull)
