@@ -51,7 +51,7 @@ SOURCES = ("hub", "llama.cpp", "lmstudio", "ollama")
 
 @dataclass(slots=True)
 class Found:
-    """One runnable GGUF in another tool's store."""
+    """One GGUF in another tool's store, with why it cannot run where it cannot."""
 
     name: str  # what to pass to --model
     path: Path  # the file llama.cpp maps (the first part of a split GGUF)
