@@ -47,6 +47,7 @@ class Dashboard(App[None]):
         self.received = 0  # snapshots received since start
         self.missed = 0  # snapshots received while paused
         self.down: FeedDown | None = None  # why the feed is down, None while snapshots arrive
+        self.served: list[tuple[str, bool]] = []  # a server's models (id, loaded), when it serves several
         self.paused = False
         self.sort = 0  # index into figures.SORTS
         self.draws = 0  # redraws so far
@@ -86,6 +87,7 @@ class Dashboard(App[None]):
         snap = message.snapshot
         was_down = self.down is not None and self.received > 0
         self.latest, self.down = snap, None
+        self.served = message.served
         self.received += 1
         self.history.add(snap.time, snap.rate.generated_tps_1s)
         if self.paused:
@@ -143,7 +145,8 @@ class Dashboard(App[None]):
         self._last_draw = time.monotonic()
         for card_id, text in figures.cards(snap).items():
             self.query_one(f"#{card_id}", Card).update(text)
-        self.query_one("#model", Static).update("\n".join(figures.model_lines(snap)))
+        served = [figures.served_line(self.served)] if len(self.served) > 1 else []
+        self.query_one("#model", Static).update("\n".join([*figures.model_lines(snap), *served]))
         self.query_one(RateChart).show(self.history.series(), snap, self.history.peak())
         self.query_one(KvBar).show(snap)
         self.query_one(StreamsTable).show(snap.streams, self.sort)

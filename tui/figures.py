@@ -63,6 +63,11 @@ def model_lines(snap: EngineStats) -> list[str]:
     ]
 
 
+def served_line(served: list[tuple[str, bool]]) -> str:
+    """A server's models, loaded ones marked: 'models: ● smol-q8 · ○ SmolLM2-135M-Instruct.Q4_1'."""
+    return "models: " + " · ".join(f"{'●' if loaded else '○'} {name}" for name, loaded in served)
+
+
 def device_split(devices: list[DeviceStats]) -> str:
     """A model split over RPC workers: 'layers: CPU 10 (34 MiB) · RPC0 127.0.0.1:50052 11 (35 MiB)'."""
     return "layers: " + " · ".join(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from textual.message import Message
 
@@ -14,6 +14,8 @@ class StatsUpdate(Message):
     """One engine snapshot (what `Engine.snapshot()` returns, or its JSON over the socket read back)."""
 
     snapshot: EngineStats
+    # A server of several models: each one's id and whether it is in memory (the snapshot is one of them).
+    served: list[tuple[str, bool]] = field(default_factory=list)
 
 
 @dataclass

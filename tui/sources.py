@@ -84,7 +84,7 @@ class SocketSource:
                     yield self._refused(r.status_code, await r.aread())
                     return
                 async for sse in feed.aiter_sse():
-                    yield StatsUpdate(EngineStats.model_validate_json(sse.data))
+                    yield StatsUpdate(EngineStats.model_validate_json(sse.data), served_of(sse.data))
             yield FeedDown(f"the server at {self.path} ended the stats stream", again)
         except httpx.ConnectError:
             yield FeedDown(f"no server at {self.path}", f"{serve_hint(self.path)}; {again}")
@@ -105,6 +105,15 @@ class SocketSource:
         if status == 503:
             return FeedDown(f"the server at {self.path} is not ready: {message}", "waiting for it")
         return FeedDown(f"the server at {self.path} answered {status}: {message}", f"retrying every {self.retry_s:g} s")
+
+
+def served_of(data: str) -> list[tuple[str, bool]]:
+    """The models a server serves, from its snapshot's "served" list: (id, loaded) each; [] when it has none."""
+    try:
+        served = json.loads(data).get("served") or []
+        return [(str(m["id"]), bool(m["loaded"])) for m in served]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 class EngineSource:

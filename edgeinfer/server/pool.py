@@ -110,7 +110,7 @@ class ModelPool:
         self.max_models = max_models  # 0: no bound
         self.idle_unload_s = idle_unload_s  # 0: never
         self.load_timeout_s = load_timeout_s
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())  # re-entrant: the sweeper holds it round sweep_once
         self._closed = False
         self._sweeper: threading.Thread | None = None
 
@@ -256,23 +256,32 @@ class ModelPool:
         slot.waiters.clear()
 
     def _room_for(self, slot: Slot) -> bool:
-        """Under the lock: whether slot may load now; if not, make room (drain the LRU, unload an idle drainer)."""
+        """Under the lock: whether slot may load now; if not, make room and say no (the caller looks again).
+
+        Room is made by unloading the least recently used idle model. When every model in memory is busy,
+        the least recently used one drains: it takes no new requests (they wait, as for an unloaded model)
+        and leaves once its streams end, so that a busy model cannot keep another from loading for ever."""
         held = [s for s in self.slots.values() if s is not slot and s.state in HOLDS_MEMORY]
         if not self.max_models or len(held) < self.max_models:
             return True
-        draining = [s for s in held if s.state == "draining"]
-        for s in draining:
-            if self._idle(s):
-                s.state = "unloading"
-                threading.Thread(target=self._unload, args=(s,), name=f"edgeinfer-unload-{s.name}", daemon=True).start()
-                return False
-        if not draining and not any(s.state == "unloading" for s in held):
-            loaded = [s for s in held if s.state == "loaded"]
-            if loaded:
-                victim = min(loaded, key=lambda s: s.last_used)
-                victim.state = "draining"
-                log.info("edgeinfer: unloading %s to load %s", victim.name, slot.name)
+        if any(s.state in ("loading", "unloading") for s in held):
+            return False  # memory on its way in or out: look again once it has moved
+        idle = [s for s in held if self._idle(s)]
+        if idle:
+            victim = min(idle, key=lambda s: s.last_used)
+            log.info("edgeinfer: unloading %s to load %s", victim.name, slot.name)
+            for s in held:
+                if s.state == "draining" and s is not victim:  # another made room first: back in service
+                    s.state = "loaded"
+                    self._grant(s)
+            self._start_unload(victim)
+        elif not any(s.state == "draining" for s in held):
+            min(held, key=lambda s: s.last_used).state = "draining"
         return False
+
+    def _start_unload(self, slot: Slot) -> None:
+        slot.state = "unloading"
+        threading.Thread(target=self._unload, args=(slot,), name=f"edgeinfer-unload-{slot.name}", daemon=True).start()
 
     def _idle(self, slot: Slot) -> bool:
         """Under the lock: no lease, and no stream running or waiting in its engine."""
@@ -317,18 +326,18 @@ class ModelPool:
                 self.sweep_once()
 
     def sweep_once(self) -> list[str]:
-        """Under the lock: unload every loaded model idle past idle_unload_s; their names."""
+        """Unload every loaded model idle for idle_unload_s; their names. A busy one counts as used now."""
         now = time.monotonic()
         gone = []
-        for s in self.slots.values():
-            if s.state != "loaded" or s.waiters:
-                continue
-            if not self._idle(s):
-                s.last_used = now
-            elif now - s.last_used >= self.idle_unload_s:
-                s.state = "unloading"
-                gone.append(s.name)
-                threading.Thread(target=self._unload, args=(s,), name=f"edgeinfer-unload-{s.name}", daemon=True).start()
+        with self._cond:
+            for s in self.slots.values():
+                if s.state != "loaded":
+                    continue
+                if not self._idle(s):
+                    s.last_used = now
+                elif now - s.last_used >= self.idle_unload_s:
+                    gone.append(s.name)
+                    self._start_unload(s)
         return gone
 
     # --- reading ----------------------------------------------------------------
@@ -343,6 +352,12 @@ class ModelPool:
         slot = self.find(name)
         with self._cond:
             return slot.engine
+
+    def most_recent(self) -> Slot | None:
+        """The loaded model used last, if any is loaded."""
+        with self._cond:
+            loaded = [s for s in self.slots.values() if s.engine is not None]
+            return max(loaded, key=lambda s: s.last_used) if loaded else None
 
     def set_engine(self, engine: Engine | None, name: str | None = None) -> None:
         """Put an engine in a slot by hand (tests with a fake engine)."""
@@ -458,23 +473,24 @@ def model_specs(config: EngineConfig, models: list[str], models_dir: Path | None
 
     named: list[tuple[str | None, Path]] = [(m, config.replace(model=m).model) for m in models]
     if models_dir is not None:
-        named += [(None, f) for f in dir_models(models_dir.expanduser())]
+        named += [(None, f) for f in dir_models(models_dir.expanduser().absolute())]
     if not named:
         named = [(None, config.model)]
     specs: dict[str, ModelSpec] = {}
-    seen: dict[Path, str] = {}
-    draft = config.draft_model.resolve() if config.draft_model is not None else None
+    seen: set[Path] = set()
+    draft = config.draft_model.absolute() if config.draft_model is not None else None
     for given, path in named:
         name = model_id_of(path)
-        if path.resolve() in seen:
+        path = path.absolute()
+        if path in seen:  # a file both named and in --models-dir
             continue
         if name in specs:
             raise ConfigError(
                 f"two models are named {name!r} ({specs[name].path} and {path}); rename one file or serve one of them"
             )
-        seen[path.resolve()] = name
+        seen.add(path)
         plain = config.replace(model=path, draft_model=None, spec="auto" if config.spec == "draft" else config.spec)
-        cfg = plain if draft is None or path.resolve() == draft else config.replace(model=path)
+        cfg = plain if draft is None or path == draft else config.replace(model=path)
         fallback = _maker(plain) if cfg is not plain and len(named) > 1 else None
         aliases = tuple(a for a in (given, path.name, str(path)) if a and a != name)
         specs[name] = ModelSpec(name, path, _maker(cfg), aliases, fallback)

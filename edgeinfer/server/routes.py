@@ -69,8 +69,7 @@ async def stats_stream(request: Request, interval: float = 1.0, model: str | Non
             await asyncio.sleep(interval)
             try:
                 snap = _stats(state, model)
-            except EdgeInferError as e:  # the model was unloaded: say so, the client reconnects
-                yield {"event": "error", "data": json.dumps({"error": str(e)})}
+            except EdgeInferError:  # the model was unloaded: the stream ends; reconnecting says why (a 503)
                 return
 
     return EventSourceResponse(feed())
@@ -78,8 +77,11 @@ async def stats_stream(request: Request, interval: float = 1.0, model: str | Non
 
 def _stats(state: ServerState, model: str | None) -> dict[str, Any]:
     """An engine's snapshot as JSON, with "served": each servable model and whether it is loaded.
+    Without a model named, the default's, or while it is unloaded the most recently used model's.
     Reading stats never loads a model: one not in memory is a 503 saying so."""
     slot = state.pool.find(model)
+    if model is None and slot.engine is None and state.loaded_once:
+        slot = state.pool.most_recent() or slot
     engine = slot.engine
     if engine is None:
         if slot.name == state.model_id and not state.loaded_once:
