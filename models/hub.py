@@ -155,11 +155,12 @@ def cached_path(ref: HubRef) -> Path | None:
                 return None
             if not all(name in present for name in choice.files) or not _split_complete(choice):
                 return None
-            try:
-                for name in choice.files:
+            for name in choice.files:
+                try:
                     read_gguf(present[name])
-            except ModelFileError:
-                return None  # pull again: the download replaces it
+                except ModelFileError:
+                    forget(present[name])  # damaged since: removed, so the pull fetches it again
+                    return None
             return present[choice.files[0]]
     return None
 

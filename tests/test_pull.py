@@ -173,6 +173,17 @@ def test_ctrl_c_stops_at_once_and_a_second_pull_completes(tmp_path, hub, source)
     assert leftovers(tmp_path) == []
 
 
+def test_a_damaged_cached_file_is_fetched_again(tmp_path, hub, source):
+    first = edgeinfer(tmp_path, hub, "pull", REPO)
+    assert first.returncode == 0, first.stderr
+    path = Path(first.stdout.strip())
+    blob = path.resolve()
+    blob.write_bytes(source[: len(source) // 3])  # damaged on disk after the pull
+    again = edgeinfer(tmp_path, hub, "pull", REPO)
+    assert again.returncode == 0 and "pulled" in again.stderr, again.stderr
+    assert Path(again.stdout.strip()).read_bytes() == source
+
+
 @pytest.mark.parametrize(
     "name, words",
     [
