@@ -10,7 +10,6 @@ from edgeinfer.cli.errors import errors_as_messages
 from edgeinfer.errors import ConfigError
 from edgeinfer.models import hub
 from edgeinfer.models.catalog import load_catalog
-from edgeinfer.models.gguf import read_gguf
 
 
 def ref_of(name: str) -> hub.HubRef:
@@ -38,6 +37,9 @@ def pull(name: str) -> None:
     HF_TOKEN and HF_HUB_OFFLINE are honoured. A model already there sends no request.
     Any command's --model takes the same names and pulls on first use.
     """
+    # gguf's import (50 ms) waits for a pull: commands.py imports this module for every command.
+    from edgeinfer.models.gguf import read_gguf
+
     ref = ref_of(name)
     try:
         cached = hub.cached_path(ref)
