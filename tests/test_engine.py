@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.workloads import QUESTIONS
 from edgeinfer.engine import make_engine
 from edgeinfer.errors import EngineClosedError, RequestError
@@ -72,7 +73,7 @@ def test_greedy_reads_the_largest_logit_as_llama_cpps_own_greedy_chain_does(engi
             batch.close()
 
     try:
-        picks = engine.run_exclusive(both)
+        picks = run_exclusive(engine, both)
     finally:
         fast.close()
         native.close()
@@ -158,10 +159,10 @@ def test_cancel_frees_the_streams_kv(model_path):
         assert handle.finish.finish_reason == "cancelled"
         assert 5 <= handle.finish.stats.completion_tokens < 500
         assert eng.wait_idle()
-        with eng._lock:
+        with eng.lock:
             assert eng.sched.cells_used == 0 and seq in eng.sched.free_seqs
-        # The removal runs at the start of the next step; run_exclusive runs after that step.
-        assert eng.run_exclusive(lambda ctx: ctx.seq_pos_max(seq)) == -1
+        # The removal runs at the start of the next step; run_exclusive runs once the engine is idle, after it.
+        assert run_exclusive(eng, lambda ctx: ctx.seq_pos_max(seq)) == -1
 
 
 def test_more_requests_than_parallel_queue_and_all_finish(model_path):

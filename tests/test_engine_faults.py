@@ -153,9 +153,9 @@ def test_stats_are_read_under_the_engines_lock(model_path, monkeypatch):
         held = []
         real = engine_module.build_stats
 
-        def build_stats(engine):
-            held.append(engine._lock.locked())
-            return real(engine)
+        def build_stats(view):
+            held.append(eng.lock.locked())
+            return real(view)
 
         monkeypatch.setattr(engine_module, "build_stats", build_stats)
         stats = eng.snapshot()

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.bench.workloads import messages
 from edgeinfer.cli import main
@@ -502,7 +503,7 @@ def test_closing_the_dashboard_stops_the_benchmark(model_path):
         with pytest.raises(BenchmarkStopped, match="closed before the benchmark finished"):
             bench_with_dashboard(engine, job, interval=0.2, run=run_headless(script, SIZE))
         with pytest.raises(EngineClosedError):  # quitting closed the engine, which cancelled the stream
-            engine.run_exclusive(lambda ctx: None)
+            run_exclusive(engine, lambda ctx: None)
     finally:
         engine.close()
 

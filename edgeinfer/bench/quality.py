@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.workloads import QUESTIONS
 from edgeinfer.engine.prefix import common_prefix
 from edgeinfer.errors import EdgeInferError
@@ -124,7 +125,7 @@ def forced_matches(engine: object, prompt: list[int], answer: list[int]) -> int:
             batch.close()
         return matches
 
-    return int(engine.run_exclusive(run))  # type: ignore[attr-defined]
+    return int(run_exclusive(engine, run))  # type: ignore[arg-type]
 
 
 def compare(

@@ -20,6 +20,7 @@ import httpx
 import openai
 
 from edgeinfer.bench import apis
+from edgeinfer.bench.exclusive import run_exclusive, set_speculation
 from edgeinfer.bench.results import RunResult, StreamResult
 from edgeinfer.engine.stats import EngineStats
 from edgeinfer.errors import EdgeInferError
@@ -56,7 +57,7 @@ class EngineTarget(Target):
 
     def run(self, messages: Messages, max_tokens: int, done: Done) -> RunResult:
         if self.spec is not None:
-            self.engine.set_speculation(self.spec)
+            set_speculation(self.engine, self.spec)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         prompts = [self.engine.chat_prompt(m) for m in messages]
         t_start = time.perf_counter()
@@ -107,7 +108,7 @@ class RawTarget(Target):
         from edgeinfer.bench.rawloop import run_raw
 
         prompts = [self.engine.chat_prompt(m) for m in messages]
-        result = self.engine.run_exclusive(lambda ctx: run_raw(ctx, prompts, max_tokens))
+        result = run_exclusive(self.engine, lambda ctx: run_raw(ctx, prompts, max_tokens))
         for _ in prompts:
             done()
         return cast(RunResult, result)
@@ -135,7 +136,7 @@ class ServerTarget(Target):
         self.name = name or (self.where if api == "chat" else f"{self.where} ({api})")
         self.model = model or self._first_model()
 
-    def _client(self, timeout: float = 600) -> openai.AsyncOpenAI:
+    def client(self, timeout: float = 600) -> openai.AsyncOpenAI:
         key = self.api_key or "none"
         if self.socket is not None:
             from edgeinfer.client import async_client
@@ -145,7 +146,7 @@ class ServerTarget(Target):
 
     def _first_model(self) -> str:
         async def ask() -> str:
-            client = self._client(timeout=30)
+            client = self.client(timeout=30)
             try:
                 data = (await client.models.list()).data
             finally:
@@ -169,10 +170,10 @@ class ServerTarget(Target):
     def run(self, messages: Messages, max_tokens: int, done: Done) -> RunResult:
         if self.api != "chat":
             http = apis.client(self.api, self.socket, self.url, self.api_key)
-            return self._guarded(apis.run_streams(self.api, http, self.model, messages, max_tokens, done))
-        return self._guarded(_run_streams(self._client(), self.model, messages, max_tokens, done))
+            return self.guarded(apis.run_streams(self.api, http, self.model, messages, max_tokens, done))
+        return self.guarded(_run_streams(self.client(), self.model, messages, max_tokens, done))
 
-    def _guarded(self, run: Coroutine[Any, Any, R]) -> R:
+    def guarded(self, run: Coroutine[Any, Any, R]) -> R:
         """Run a benchmark coroutine; the server's refusals become one-line errors."""
         try:
             return asyncio.run(run)
@@ -261,7 +262,7 @@ def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]]
     if isinstance(target, EngineTarget):
         return [_engine_tool_reply(target.engine, m, tools, max_tokens) for m in messages]
     if isinstance(target, ServerTarget) and target.api == "chat":  # the other APIs are measured for speed only
-        return target._guarded(_server_tool_replies(target, messages, tools, max_tokens))
+        return target.guarded(_server_tool_replies(target, messages, tools, max_tokens))
     return [None] * len(messages)
 
 
@@ -281,7 +282,7 @@ def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_
 async def _server_tool_replies(
     target: ServerTarget, messages: Messages, tools: list[dict[str, Any]], max_tokens: int
 ) -> list[Any]:
-    client = target._client()
+    client = target.client()
 
     async def one(msgs: Any) -> Any:
         r = await client.chat.completions.create(

@@ -77,7 +77,7 @@ class Embeddings:
         self.n_embd = n_embd(model)
         self.pooling = pooling_of(model.info)
         self.max_tokens = min(EMBED_CTX, engine.n_ctx_stream, n_ctx_train(model) or EMBED_CTX)
-        self.jobs: list[_Job] = []  # guarded by the engine's lock; the engine loop waits on it too
+        self.jobs: list[_Job] = []  # guarded by the engine's lock; the engine loop waits on it too (pending)
         self.decodes = 0  # llama_decode calls made (tests, stats)
         self._next_at = 0.0  # time.perf_counter() before which no decode runs while streams do
         self._ctx: EmbedContext | None = None
@@ -117,13 +117,11 @@ class Embeddings:
         eng = self._engine
         groups = pack([len(t) for t in inputs], self.max_tokens, MAX_SEQS)
         job = _Job(inputs, groups, np.empty((len(inputs), self.n_embd), np.float32))
-        if eng.fatal_error is not None:
-            raise EngineFailedError(f"the engine stopped ({eng.fatal_error}); restart it")
-        with eng._lock:
-            if eng._closing:
-                raise EngineClosedError("the engine is shutting down; no new requests are taken")
+        eng.check_open()  # before the lock too: a parked engine thread may hold it for good
+        with eng.lock:
+            eng.check_open()
             self.jobs.append(job)
-            eng._wake.notify()
+        eng.wake()
         return job.future
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
@@ -149,10 +147,16 @@ class Embeddings:
         eng = self._engine
         if eng.fatal_error is not None:
             raise EngineFailedError(f"the engine stopped ({eng.fatal_error}); restart it")
-        if not eng._thread.is_alive():
+        if not eng.thread_alive():
             raise EngineClosedError("the engine is closed")
 
     # --- the engine thread ---------------------------------------------------------
+
+    def pending(self) -> bool:
+        return bool(self.jobs)
+
+    def fail(self, error: BaseException) -> None:
+        """Nothing to do: a caller waiting on a job looks for the engine having stopped (_check_running)."""
 
     def run_pending(self) -> None:
         """Run one decode of the oldest request, if any: called by the engine loop between steps.
@@ -161,7 +165,7 @@ class Embeddings:
         request whose caller has gone (its future cancelled) is dropped before its next decode."""
         if not self.jobs:  # the common case, read without the lock: only callers add, under it
             return
-        with self._engine._lock:
+        with self._engine.lock:
             while self.jobs and self.jobs[0].future.cancelled():
                 self.jobs.pop(0)
             if not self.jobs:
@@ -185,7 +189,7 @@ class Embeddings:
             self._finish(job)
 
     def _finish(self, job: _Job, error: BaseException | None = None) -> None:
-        with self._engine._lock:
+        with self._engine.lock:
             self.jobs.remove(job)
         if job.future.set_running_or_notify_cancel():  # False: the caller cancelled meanwhile
             if error is None:

@@ -15,11 +15,10 @@ One step, and the layer that owns each part:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from edgeinfer.engine import faults
 from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
@@ -30,7 +29,7 @@ from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
 from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput, StepPlan, Stream
-from edgeinfer.engine.stats import EngineStats, build_stats
+from edgeinfer.engine.stats import EngineStats, EngineView, SpecStats, build_stats, model_stats
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
 from edgeinfer.errors import EngineClosedError, EngineFailedError
@@ -39,6 +38,19 @@ from edgeinfer.formats import reasoning, select
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
 from edgeinfer.options import EngineConfig, SamplingParams, parse_shares
 from edgeinfer.speculative.speculator import Speculator
+
+
+class BetweenSteps(Protocol):
+    """Work the engine thread runs between two steps (embeddings; the benchmark's raw loop), never during one."""
+
+    def pending(self) -> bool:
+        """Whether work is queued; read under the engine's lock, so it must not take the lock itself."""
+
+    def run_pending(self) -> None:
+        """Run some of the queued work: on the engine thread, the lock not held."""
+
+    def fail(self, error: BaseException) -> None:
+        """The engine stopped: the queued work ends with `error` (the engine's lock is held)."""
 
 
 def make_engine(config: EngineConfig) -> Engine:
@@ -67,7 +79,6 @@ class Engine:
         )
         self.spec: Speculator | None = None
         self.spec_error: str | None = None
-        self.spec_enabled = True
         try:
             self.ctx = Context(self.model, ctx_params)
             if config.spec != "off":
@@ -97,15 +108,18 @@ class Engine:
             max_queue=config.max_queue,
         )
         self.metrics = Metrics()
-        self.delivery = Delivery(self.vocab, self.metrics)  # guarded by _lock
+        self.delivery = Delivery(self.vocab, self.metrics)  # guarded by lock
         self.grammars = Grammars(self.vocab)
+        self._model_stats = model_stats(config, self.model, self.n_ctx)
         self._batch = Batch(self.ctx.n_batch)
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        # The one lock: callers' threads and the engine thread share the scheduler, delivery and the work
+        # between steps under it. It is never held during llama_decode.
+        self.lock = threading.Lock()
+        self._wake = threading.Condition(self.lock)
         self._closing = False
         self.fatal_error: str | None = None  # why the engine thread stopped, if it did
-        self._exclusive: list[tuple[Callable[[Context], Any], Future[Any]]] = []
         self.embeddings = Embeddings(self)  # its llama.cpp context is made on the first request
+        self._between: list[BetweenSteps] = [self.embeddings]
         self._unhook = on_abort(lambda reason: faults.aborted(self, reason)) if self.model.placement else None
         self._thread = threading.Thread(target=self._run, name="edgeinfer-engine", daemon=True)
         self._thread.start()
@@ -147,13 +161,9 @@ class Engine:
         max_new = check_request(tokens, n, params, self)
         guides = self.grammars.guides(self.grammars.compile(params.grammar), n) if params.grammar else [None] * n
         t_submit = time.perf_counter()
-        if self.fatal_error is not None:
-            raise EngineFailedError(f"the engine stopped ({self.fatal_error}); restart it")
-        with self._lock:
-            if self.fatal_error is not None:
-                raise EngineFailedError(f"the engine stopped ({self.fatal_error}); restart it")
-            if self._closing:
-                raise EngineClosedError("the engine is shutting down; no new requests are taken")
+        self._check_failed()
+        with self.lock:
+            self.check_open()
             group = self.sched.add(tokens, n, max_new)
             handles = []
             for s, guide in zip(group.streams, guides, strict=True):
@@ -179,7 +189,7 @@ class Engine:
     def cancel(self, handle: StreamHandle) -> None:
         if self.fatal_error is not None:  # every stream has ended; the engine thread may hold the lock for good
             return
-        with self._lock:
+        with self.lock:
             live = self.delivery.live.get(handle.id)
             if live is not None and not live.stream.status.finished:
                 self.sched.cancel(live.stream)
@@ -187,33 +197,51 @@ class Engine:
 
     def reset_prefixes(self) -> None:
         """Forget the saved KV of finished conversations held in RAM (the chat's /reset)."""
-        with self._lock:
+        with self.lock:
             if self.store is not None:
                 self.store.clear()
 
-    def set_speculation(self, on: bool) -> None:
-        """Turn drafting on or off at run time (benchmarks compare both on one engine)."""
-        self.spec_enabled = on
+    def check_open(self) -> None:
+        """EngineFailedError or EngineClosedError when the engine takes no new work; the caller holds the lock."""
+        self._check_failed()
+        if self._closing:
+            raise EngineClosedError("the engine is shutting down; no new requests are taken")
 
-    def run_exclusive(self, fn: Callable[[Context], Any]) -> Any:
-        """Run fn(ctx) on the engine thread while no stream runs (the KV cells are then empty).
+    def _check_failed(self) -> None:
+        if self.fatal_error is not None:
+            raise EngineFailedError(f"the engine stopped ({self.fatal_error}); restart it")
 
-        For baselines that drive llama.cpp directly (the benchmark's raw loop): the same
-        context and the same OS thread, so both share one set of compute threads.
-        """
-        future: Future[Any] = Future()
-        with self._lock:
+    def thread_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def wake(self) -> None:
+        """Wake the engine thread: work between steps was queued (the caller does not hold the lock)."""
+        with self.lock:
+            self._wake.notify()
+
+    def add_between_steps(self, work: BetweenSteps) -> None:
+        """Run `work` between steps from now on, until remove_between_steps (EngineClosedError once closing)."""
+        with self.lock:
             if self._closing:
                 raise EngineClosedError("the engine is closed")
-            self._exclusive.append((fn, future))
+            self._between.append(work)
             self._wake.notify()
-        return future.result()
+
+    def remove_between_steps(self, work: BetweenSteps) -> None:
+        with self.lock:
+            if work in self._between:
+                self._between.remove(work)
+
+    def is_idle(self) -> bool:
+        """No stream is running, waiting or waiting to be finished (the KV cells are then empty)."""
+        with self.lock:
+            return not self.sched.has_work()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until no stream is running or waiting (tests, benchmarks)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            with self._lock:
+            with self.lock:
                 if not self.sched.running and not self.sched.waiting:
                     return True
             time.sleep(0.005)
@@ -221,8 +249,24 @@ class Engine:
 
     def snapshot(self) -> EngineStats:
         """The engine now: model, load, KV, rates, latencies, speculation, streams."""
-        with self._lock:
-            return build_stats(self)
+        with self.lock:
+            return build_stats(self._view())
+
+    def _view(self) -> EngineView:
+        """What the stats are made of; the caller holds the lock."""
+        spec = self.spec
+        return EngineView(
+            config=self.config,
+            model=self._model_stats,
+            n_ctx=self.n_ctx,
+            n_ctx_seq=self.ctx.n_ctx_seq,
+            sched=self.sched,
+            metrics=self.metrics,
+            streams=list(self.delivery.live.values()),
+            drafted={s: spec.drafted_for(s) for s in self.delivery.live} if spec is not None else {},
+            spec=spec.stats() if spec is not None else SpecStats(mode="off", error=self.spec_error),
+            cache=self.store.refresh_stats().model_copy() if self.store is not None else None,
+        )
 
     def close(self) -> None:
         """Cancel everything, stop the engine thread and free llama.cpp's memory."""
@@ -230,7 +274,7 @@ class Engine:
             return
         if self._unhook is not None:
             self._unhook()
-        with self._lock:
+        with self.lock:
             if self._closing:
                 return
             self._closing = True
@@ -253,73 +297,92 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # --- what fault handling asks of the engine (faults.Host) ---------------
+
+    def stop(self, reason: str) -> None:
+        """Refuse new work; every stream and the work queued between steps end with the reason (lock held)."""
+        self.fatal_error = reason
+        self._closing = True
+        for live in list(self.delivery.live.values()):
+            live.stream.status = Status.ERROR
+            with contextlib.suppress(Exception):
+                self.delivery.finish(live.stream, error=f"the engine stopped ({reason}); restart it")
+        for work in self._between:
+            work.fail(EngineFailedError(f"the engine stopped: {reason}"))
+
+    def end_stream(self, s: Stream, status: Status, error: str | None = None) -> None:
+        """End a running stream, in the scheduler and for its caller (lock held)."""
+        self.sched.finish(s, status)
+        self._finish_event(s, error)
+
+    def deliver(self) -> None:
+        """Hand the queued events to their asyncio loops, without the lock (the engine thread may hold it for good)."""
+        self.delivery.outbox.flush()
+
     # --- the engine thread ------------------------------------------------
 
     def _flush(self) -> None:
         """Hand the step's events to each asyncio loop in one wake-up; cancel streams whose loop is gone."""
         gone = self.delivery.outbox.flush()
         if gone:
-            with self._lock:
+            with self.lock:
                 for live in self.delivery.live.values():
                     if live.handle.loop in gone:
                         self.sched.cancel(live.stream)
 
     def _run(self) -> None:
         try:
-            while self._iterate():
-                pass
+            while self._wait_for_work():
+                for work in list(self._between):  # a copy: callers add and remove work meanwhile
+                    work.run_pending()
+                self._iterate()
         except BaseException as e:
             faults.die(self, e)
 
-    def _iterate(self) -> bool:
-        """One pass of the engine thread: wait for work, draft, plan, decode. False once closed."""
-        while True:
-            self._flush()
-            with self._lock:
-                while (
-                    not self.sched.has_work() and not self._closing and not self._exclusive and not self.embeddings.jobs
-                ):
-                    self._wake.wait()
-                if self._closing and not self.sched.has_work():
-                    for _, fut in self._exclusive:
-                        fut.set_exception(EngineClosedError("the engine is closed"))
-                    return False
-            self.embeddings.run_pending()  # one embeddings decode, if any are queued: between two steps
-            # Drafting happens outside the lock: only this thread changes streams' tokens.
-            t_iter = time.perf_counter()
-            drafts = self._propose()
-            with self._lock:
-                plan = self.sched.schedule(drafts)
-                exclusive = None
-                if self._exclusive and not plan.items and not self.sched.running and not self.sched.waiting:
-                    exclusive = self._exclusive.pop(0)
-            if exclusive is not None:
-                self._step(plan)  # applies the queued KV removals first
-                self._flush()
-                fn, fut = exclusive
-                try:
-                    fut.set_result(fn(self.ctx))
-                except BaseException as e:
-                    fut.set_exception(e)
-                continue
-            try:
-                n_emitted = self._step(plan)
-            except BaseException as e:
-                faults.fail_all(self, e)
-                continue
-            if self.spec is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
-                # A decode-only step: its whole time, drafting included, against what it emitted.
-                drafted = any(it.n_draft for it in plan.items)
-                self.spec.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
+    def _wait_for_work(self) -> bool:
+        """Hand out the last step's events and wait for streams or work between steps; False once closed."""
+        self._flush()
+        with self.lock:
+            while not self.sched.has_work() and not self._closing and not any(w.pending() for w in self._between):
+                self._wake.wait()
+            if self._closing and not self.sched.has_work():
+                for work in self._between:
+                    work.fail(EngineClosedError("the engine is closed"))
+                return False
+        return True
+
+    def _iterate(self) -> None:
+        """One step: draft, schedule, run the batch, post-process."""
+        t_iter = time.perf_counter()
+        drafts = self._propose()  # outside the lock: only this thread changes streams' tokens
+        with self.lock:
+            plan = self.sched.schedule(drafts)
+        try:
+            n_emitted = self._step(plan)
+        except BaseException as e:
+            faults.fail_all(self, e)
+            return
+        if self.spec is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
+            # A decode-only step: its whole time, drafting included, against what it emitted.
+            drafted = any(it.n_draft for it in plan.items)
+            self.spec.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
 
     def _propose(self) -> dict[int, list[int]]:
-        if self.spec is None or not self.spec_enabled:
+        if self.spec is None:
             return {}
         try:
             return self.spec.propose(self.sched.running, self.ctx.n_batch)
         except BaseException as e:
-            faults.drafter_failed(self, e)
+            self._drop_speculator(e)
             return {}
+
+    def _drop_speculator(self, error: BaseException) -> None:
+        """Drafting broke (e.g. the draft context is full): go on without speculation."""
+        with self.lock:  # submit() and the Finish path read self.spec under the lock
+            spec, self.spec = self.spec, None
+            self.spec_error = str(error)
+        if spec is not None:
+            spec.close()
 
     def _step(self, plan: StepPlan) -> int:
         """Decode the plan's batch and hand out the results; returns tokens emitted."""
@@ -340,7 +403,7 @@ class Engine:
         t1 = time.perf_counter()
         if self.spec is not None:
             self.spec.observe_step(plan.n_tokens, t1 - t0)
-        with self._lock:
+        with self.lock:
             outputs = []
             for it, row in zip(plan.items, rows, strict=True):
                 if it.n_draft:

@@ -1,6 +1,7 @@
 """EngineStats: the typed picture of an engine that the stats API, /metrics, the dashboard and the benchmark read.
 
-The engine fills it (Engine.snapshot()); `GET /v1/edgeinfer/stats` sends it as JSON and
+The engine hands out an EngineView (what the figures are made of, typed) and build_stats fills
+this from it (Engine.snapshot()); `GET /v1/edgeinfer/stats` sends it as JSON and
 the dashboard reads that JSON back into it. Every derived figure (hit rate, acceptance)
 is computed here, once. Fields have defaults so that a snapshot from an older server
 still reads.
@@ -9,11 +10,18 @@ still reads.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
-from edgeinfer.engine.scheduler import Status
+from edgeinfer.engine.metrics import Metrics
+from edgeinfer.engine.scheduler import Scheduler, Status
+from edgeinfer.options import EngineConfig
+
+if TYPE_CHECKING:
+    from edgeinfer.engine.delivery import Live
+    from edgeinfer.llamacpp import Model
 
 
 class _Stats(BaseModel):
@@ -192,13 +200,48 @@ class EngineStats(_Stats):
     streams: list[StreamRow] = []
 
 
-def build_stats(engine: Any) -> EngineStats:
-    """Fill EngineStats from an engine's parts; the caller holds the engine's lock."""
+@dataclass(slots=True)
+class EngineView:
+    """What an engine's stats are made of, handed out by the engine under its lock (the typed seam)."""
+
+    config: EngineConfig
+    model: ModelStats  # fixed once the model is loaded
+    n_ctx: int  # KV cells
+    n_ctx_seq: int  # KV cells one stream can hold
+    sched: Scheduler
+    metrics: Metrics
+    streams: list[Live]  # running and waiting streams, with their callers' figures
+    drafted: dict[int, tuple[int, int]]  # (drafted, accepted) tokens by stream id, where speculation runs
+    spec: SpecStats
+    cache: CacheStats | None  # None without KV cache tiers
+
+
+def model_stats(config: EngineConfig, model: Model, n_ctx: int) -> ModelStats:
+    """The figures of a loaded model and its settings."""
+    info = model.info
+    return ModelStats(
+        name=info.name,
+        path=str(config.model),
+        architecture=info.architecture,
+        quantization=info.quantization,
+        n_params=model.n_params,
+        ctx_size=n_ctx,
+        parallel=config.parallel,
+        gpu_layers=config.gpu_layers,
+        kv_type=config.kv_type,
+        devices=[
+            DeviceStats(device=d.device, where=d.where, layers=d.layers, weight_bytes=d.weight_bytes)
+            for d in (model.placement.shares if model.placement else [])
+        ],
+    )
+
+
+def build_stats(view: EngineView) -> EngineStats:
+    """Fill EngineStats from an engine's view; the caller holds the engine's lock."""
     now = time.perf_counter()
-    sched, m, info, config = engine.sched, engine.metrics, engine.model.info, engine.config
-    spec = engine.spec
+    sched, m, config = view.sched, view.metrics, view.config
     rows = []
-    for live in engine.delivery.live.values():
+    for live in view.streams:
         s = live.stream
         if s.status == Status.WAITING:
             state = "waiting"
@@ -207,7 +250,7 @@ def build_stats(engine: Any) -> EngineStats:
         else:
             state = "decode"
         span = live.t_last - live.t_first
-        drafted, accepted = spec.drafted_for(s.id) if spec is not None else (0, 0)
+        drafted, accepted = view.drafted.get(s.id, (0, 0))
         rows.append(
             StreamRow(
                 id=s.id,
@@ -225,29 +268,15 @@ def build_stats(engine: Any) -> EngineStats:
         )
     return EngineStats(
         time=time.time(),
-        model=ModelStats(
-            name=info.name,
-            path=str(engine.model_path),
-            architecture=info.architecture,
-            quantization=info.quantization,
-            n_params=engine.model.n_params,
-            ctx_size=engine.n_ctx,
-            parallel=config.parallel,
-            gpu_layers=config.gpu_layers,
-            kv_type=config.kv_type,
-            devices=[
-                DeviceStats(device=d.device, where=d.where, layers=d.layers, weight_bytes=d.weight_bytes)
-                for d in (engine.model.placement.shares if engine.model.placement else [])
-            ],
-        ),
+        model=view.model,
         requests=RequestStats(
             running=len(sched.running), waiting=sched.n_waiting, total=m.requests, finished=dict(m.finished)
         ),
         kv=KvStats(
             layout=config.kv_layout,
             used_cells=sched.cells_used,
-            total_cells=engine.n_ctx,
-            cells_per_seq=engine.ctx.n_ctx_seq,
+            total_cells=view.n_ctx,
+            cells_per_seq=view.n_ctx_seq,
         ),
         tokens=TokenStats(
             prompt=m.prompt_tokens,
@@ -258,10 +287,10 @@ def build_stats(engine: Any) -> EngineStats:
         prefix_cache=PrefixCacheStats(
             hit_tokens=sched.prompt_tokens_cached, computed_tokens=sched.prompt_tokens_computed
         ),
-        cache=engine.store.refresh_stats().model_copy() if engine.store is not None else CacheStats(),
+        cache=view.cache if view.cache is not None else CacheStats(),
         rate=RateStats(generated_tps_1s=m.generated_tps(1.0), generated_tps_10s=m.generated_tps(10.0)),
         latency=LatencyStats(**m.rolling()),
         steps=StepStats(count=m.steps, decode_seconds=m.decode_seconds),
-        spec=spec.stats() if spec is not None else SpecStats(mode="off", error=engine.spec_error),
+        spec=view.spec,
         streams=rows,
     )

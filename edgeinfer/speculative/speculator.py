@@ -85,6 +85,7 @@ class Speculator:
         self.counters = SpecCounters(config.spec_max)
         self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
         self.states: dict[int, SpecState] = {}  # by stream id
+        self.enabled = True  # False: no drafts (the benchmark compares both on one engine); verification goes on
 
     def attach(self, stream: Stream, params: SamplingParams) -> None:
         """Start tracking a new stream, where speculation can be lossless for it."""
@@ -119,6 +120,8 @@ class Speculator:
 
     def propose(self, running: list[Stream], n_batch: int) -> dict[int, list[int]]:
         """Drafts (by stream id) for the decoding streams worth drafting for (n_batch: the step's token budget)."""
+        if not self.enabled:
+            return {}
         # Prompt tokens (and tokens a grammar forced) the next step will likely carry, for the cost model.
         left = [len(s.tokens) - s.n_computed for s in running]
         prefill_tokens = min(n_batch, sum(n for n in left if n > 1))
