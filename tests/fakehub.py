@@ -169,6 +169,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Linked-Etag", f'"{hub.etag(data)}"')
         self.send_header("X-Repo-Commit", hub.commit(repo))
         self.send_header("Content-Type", "application/octet-stream")
+        # As the Hub's CDN sends it: the progress bar is labelled with the file name, not the URL.
+        self.send_header("Content-Disposition", f'attachment; filename="{name.rsplit("/", 1)[-1]}";')
         if rng:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()

@@ -135,6 +135,13 @@ def test_pull_is_byte_identical_and_a_second_run_sends_no_request(tmp_path, hub,
     assert leftovers(tmp_path) == []
 
 
+def test_pull_shows_a_progress_bar(tmp_path, hub):
+    # huggingface_hub draws its bar on a terminal only; TQDM_POSITION=-1 is its switch to draw it anyway.
+    result = edgeinfer(tmp_path, hub, "pull", f"{REPO}:Q4_1", TQDM_POSITION="-1")
+    assert result.returncode == 0, result.stderr
+    assert f"{FILE}: 100%" in result.stderr and "98.4M/98.4M" in result.stderr, result.stderr[-500:]
+
+
 def test_a_cut_connection_resumes_with_a_range_request(tmp_path, hub, source):
     hub.cut_after[FILE] = 30_000_000
     start = len(hub.log)
