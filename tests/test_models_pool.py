@@ -23,7 +23,6 @@ import openai
 import pytest
 
 from edgeinfer.client import async_client
-from edgeinfer.engine import make_engine
 from edgeinfer.models.catalog import model_id_of
 from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.server.app import make_pool_app
@@ -179,6 +178,21 @@ def test_a_model_that_fails_to_load_answers_why_and_the_others_keep_serving():
     assert entry["status"] == "unloaded" and "frobnicator" in entry["error"]
 
 
+def test_a_draft_of_another_vocabulary_is_skipped_with_a_note():
+    from edgeinfer.errors import ConfigError
+
+    def with_draft():
+        raise ConfigError("draft model d.gguf has 100 tokens, the target 200: a draft must share its vocabulary")
+
+    plain = Factory(2.0)
+    specs = [ModelSpec("a", None, Factory(1.0)), ModelSpec("big", Path("/m/big.gguf"), with_draft, (), plain)]
+    pool = ModelPool(specs)  # type: ignore[arg-type]
+    _, oai = served(pool)
+    assert asyncio.run(mark_of(oai, "big")) == 2.0 and plain.calls == 1
+    note = next(m for m in pool.describe() if m["id"] == "big")["note"]
+    assert note.startswith("served without the draft model") and "vocabulary" in note
+
+
 def test_unknown_model_is_a_404_naming_the_models_in_each_api_shape():
     _, oai = served(fake_pool({"a": Factory(1.0), "b": Factory(2.0)}))
     with pytest.raises(openai.NotFoundError) as e:
@@ -258,7 +272,7 @@ def test_metrics_label_each_loaded_model():
             return EngineStats()
 
     engines: list[tuple[str, Any]] = []
-    collector = EngineCollector(lambda: engines)
+    collector = EngineCollector(lambda: [(name, (e.snapshot(), e.metrics)) for name, e in engines])
     assert list(collector.collect()) == []  # nothing loaded, nothing to say
     engines += [("a", Figures()), ("b", Figures())]
     families = {f.name: f for f in collector.collect()}
@@ -318,6 +332,8 @@ def q8_model(model_path, tmp_path_factory):
 def references(model_path, q8_model):
     """Each model alone (an engine of its own, the server's settings): its greedy answer to each prompt,
     with the top five logprobs the near-tie check reads."""
+    from edgeinfer.engine import make_engine
+
     out = {}
     for path in (model_path, q8_model):
         config = EngineConfig(model=path, parallel=8, ctx_size=8192, spec="off", flash_attn="off")

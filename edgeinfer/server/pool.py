@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from edgeinfer.errors import (
     ConfigError,
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgeinfer.pool")
 
+T = TypeVar("T")
 SlotState = Literal["unloaded", "queued", "loading", "loaded", "draining", "unloading"]
 HOLDS_MEMORY: tuple[SlotState, ...] = ("loading", "loaded", "draining", "unloading")
 DEFAULT_LOAD_TIMEOUT_S = 60.0  # a request waits this long for its model to load, then gets 503 + Retry-After
@@ -343,9 +344,16 @@ class ModelPool:
     # --- reading ----------------------------------------------------------------
 
     def engines(self) -> list[tuple[str, Engine]]:
-        """(name, engine) of every model in memory now."""
+        """(name, engine) of every model in memory now. To read one, use read(): it may be closed meanwhile."""
         with self._cond:
             return [(s.name, s.engine) for s in self.slots.values() if s.engine is not None]
+
+    def read(self, fn: Callable[[Engine], T], name: str | None = None) -> list[tuple[str, T]]:
+        """fn(engine) of the named model (of every one in memory, without a name), called under the pool's
+        lock: an unload takes the engine out under it before closing it, so fn never sees a closed engine."""
+        with self._cond:
+            slots = [self.find(name)] if name is not None else list(self.slots.values())
+            return [(s.name, fn(s.engine)) for s in slots if s.engine is not None]
 
     def engine_of(self, name: str | None = None) -> Engine | None:
         """The engine of the named model (the default's without a name) if it is in memory; None if not."""

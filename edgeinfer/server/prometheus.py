@@ -18,17 +18,16 @@ def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
 
 
 class EngineCollector(Collector):
-    """Collects from the engines `get_engines` returns, as (model id, engine), each sample labelled with its model.
+    """Collects what `read` returns, (model id, (snapshot, metrics)) per engine in memory, each sample
+    labelled with its model. It holds no engine: an unloaded model's engine is gone once the pool lets it go."""
 
-    It holds no engine between scrapes: an unloaded model's engine is gone once the pool lets it go."""
-
-    def __init__(self, get_engines: Callable[[], list[tuple[str, Any]]]) -> None:
-        self._get_engines = get_engines
+    def __init__(self, read: Callable[[], list[tuple[str, tuple[EngineStats, Any]]]]) -> None:
+        self._read = read
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
-        for model, engine in self._get_engines():
-            for family in _families(engine):
+        for model, (snap, metrics) in self._read():
+            for family in _families(snap, metrics):
                 into = merged.get(family.name)
                 if into is None:
                     into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
@@ -37,10 +36,8 @@ class EngineCollector(Collector):
         yield from merged.values()
 
 
-def _families(engine: Any) -> Iterator[Metric]:
-    """One engine's metric families, unlabelled by model."""
-    snap: EngineStats = engine.snapshot()
-    m = engine.metrics
+def _families(snap: EngineStats, m: Any) -> Iterator[Metric]:
+    """One engine's metric families (its snapshot and its Metrics), unlabelled by model."""
     req, kv, pc, spec = snap.requests, snap.kv, snap.prefix_cache, snap.spec
     yield GaugeMetricFamily("edgeinfer_requests_running", "Streams being decoded.", value=req.running)
     yield GaugeMetricFamily("edgeinfer_requests_waiting", "Streams queued for admission.", value=req.waiting)

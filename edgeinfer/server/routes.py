@@ -82,12 +82,12 @@ def _stats(state: ServerState, model: str | None) -> dict[str, Any]:
     slot = state.pool.find(model)
     if model is None and slot.engine is None and state.loaded_once:
         slot = state.pool.most_recent() or slot
-    engine = slot.engine
-    if engine is None:
+    snap = state.pool.read(lambda e: e.snapshot(), slot.name)
+    if not snap:
         if slot.name == state.model_id and not state.loaded_once:
             state.ready()  # raises: the default model is still loading, or failed to
         raise EngineClosedError(f"model {slot.name!r} is not loaded now (status {slot.state}); ask it something first")
-    doc: dict[str, Any] = engine.snapshot().model_dump(mode="json")
+    doc: dict[str, Any] = snap[0][1].model_dump(mode="json")
     doc["served_model"] = slot.name
     doc["served"] = [{k: m[k] for k in ("id", "status", "loaded")} for m in state.pool.describe()]
     return doc

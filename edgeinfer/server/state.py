@@ -42,7 +42,7 @@ class ServerState:
         self._fatal: str | None = None  # kept once seen: the engine may be closed and gone by the time serve() asks
         self.started = time.time()
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(self.pool.engines))
+        self.registry.register(EngineCollector(lambda: self.pool.read(lambda e: (e.snapshot(), e.metrics))))
         # Run at shutdown after the engine closes (e.g. removing the socket file): uvicorn
         # re-raises SIGTERM once it has shut down, so code after it never runs.
         self.on_close: list[Callable[[], None]] = []
