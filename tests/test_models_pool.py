@@ -443,3 +443,30 @@ def test_max_models_1_swaps_under_load_and_memory_returns(tmp_path, model_path, 
         assert abs(after - one_model) <= 0.1 * one_model, f"RSS {one_model} KiB with {a} alone, {after} KiB after"
     finally:
         stop_process(proc)
+
+
+async def test_the_dashboard_shows_which_models_are_loaded():
+    import json
+
+    from edgeinfer.engine.stats import EngineStats
+    from edgeinfer.tui.app import make_dashboard
+    from edgeinfer.tui.messages import StatsUpdate
+    from edgeinfer.tui.sources import served_of
+
+    from .test_tui import snapshot, until
+
+    served = [{"id": "a", "status": "loaded", "loaded": True}, {"id": "b", "status": "unloaded", "loaded": False}]
+    data = json.dumps(snapshot() | {"served_model": "a", "served": served})  # as /v1/edgeinfer/stats/stream sends
+
+    class OneServer:
+        label = "unix:test"
+
+        async def events(self):
+            yield StatsUpdate(EngineStats.model_validate_json(data), served_of(data))
+            await asyncio.Event().wait()
+
+    app = make_dashboard(OneServer())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.draws >= 1, "the first draw")
+        shown = str(app.query_one("#model").content)  # type: ignore[attr-defined]
+    assert "models: ● a · ○ b" in shown
