@@ -209,6 +209,14 @@ def test_pull_errors_are_one_line_and_leave_nothing_complete(tmp_path, hub, name
         assert list(tmp_path.rglob("blobs/*")) == [], "the truncated blob stays in the cache"
 
 
+def test_hf_token_opens_a_gated_repo(tmp_path, hub, source):
+    start = len(hub.log)
+    result = edgeinfer(tmp_path, hub, "pull", "test/gated-GGUF", HF_TOKEN="hf_fake_token")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).read_bytes() == source
+    assert all(r.headers.get("authorization") == "Bearer hf_fake_token" for r in hub.log[start:] if "gated" in r.path)
+
+
 def test_unreachable_hub_is_a_one_line_error(tmp_path, hub):
     result = edgeinfer(tmp_path, hub, "pull", REPO, HF_ENDPOINT="http://127.0.0.1:9")
     assert_one_line_error(result, "cannot reach the Hub", "HF_ENDPOINT")
