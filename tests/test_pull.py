@@ -217,6 +217,13 @@ def test_hf_token_opens_a_gated_repo(tmp_path, hub, source):
     assert all(r.headers.get("authorization") == "Bearer hf_fake_token" for r in hub.log[start:] if "gated" in r.path)
 
 
+def test_hf_hub_cache_is_where_files_go(tmp_path, hub):
+    result = edgeinfer(tmp_path / "home", hub, "pull", f"{REPO}:Q4_1", HF_HUB_CACHE=str(tmp_path / "elsewhere"))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).is_relative_to(tmp_path / "elsewhere")
+    assert not (tmp_path / "home" / "hub").exists()
+
+
 def test_unreachable_hub_is_a_one_line_error(tmp_path, hub):
     result = edgeinfer(tmp_path, hub, "pull", REPO, HF_ENDPOINT="http://127.0.0.1:9")
     assert_one_line_error(result, "cannot reach the Hub", "HF_ENDPOINT")
