@@ -72,6 +72,9 @@ def hub(source, model_path, tmp_path_factory):
         fake.add("test/gated-GGUF", {FILE: source})
         fake.add("test/forbidden-GGUF", {FILE: source})
         fake.gated.update({"test/gated-GGUF": 401, "test/forbidden-GGUF": 403})
+        # A catalog entry's repo (models/catalog.toml: repo and quant), served with the default model's bytes.
+        qwen = {"qwen2.5-0.5b-instruct-q4_k_m.gguf": source, "qwen2.5-0.5b-instruct-q8_0.gguf": source}
+        fake.add("Qwen/Qwen2.5-0.5B-Instruct-GGUF", qwen)
         yield fake
 
 
@@ -222,6 +225,18 @@ def test_hf_hub_cache_is_where_files_go(tmp_path, hub):
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()).is_relative_to(tmp_path / "elsewhere")
     assert not (tmp_path / "home" / "hub").exists()
+
+
+def test_a_catalog_name_is_pullable(tmp_path, hub, source):
+    models = {"EDGEINFER_MODELS": str(tmp_path / "models")}  # not in edgeinfer's own models folder
+    result = edgeinfer(tmp_path, hub, "pull", "qwen2.5-0.5b-instruct-q8_0", **models)
+    assert result.returncode == 0, result.stderr
+    path = Path(result.stdout.strip())
+    assert path.name == "qwen2.5-0.5b-instruct-q8_0.gguf" and path.read_bytes() == source  # the entry's quant
+    before = len(hub.log)
+    show = edgeinfer(tmp_path, hub, "models", "show", "qwen2.5-0.5b-instruct-q8_0", **models)
+    assert show.returncode == 0 and "llama" in show.stdout, show.stderr
+    assert len(hub.log) == before
 
 
 def test_unreachable_hub_is_a_one_line_error(tmp_path, hub):
