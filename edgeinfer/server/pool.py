@@ -21,7 +21,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -170,7 +170,7 @@ class ModelPool:
             self._cond.notify_all()
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str | None) -> Any:
+    async def lease(self, name: str | None) -> AsyncIterator[Slot]:
         """`async with pool.lease(model) as slot`: slot.engine is the model's, loaded, until the block ends."""
         slot = await self.acquire(name)
         try:
@@ -244,7 +244,7 @@ class ModelPool:
         slot.state, slot.error = "unloaded", error
         for w in slot.waiters:
             w.error = error
-            w.loop.call_soon_threadsafe(_settle, w.future)
+            _wake(w)
         slot.waiters.clear()
         self._cond.notify_all()
 
@@ -253,7 +253,7 @@ class ModelPool:
         slot.leases += len(slot.waiters)
         for w in slot.waiters:
             w.granted = True
-            w.loop.call_soon_threadsafe(_settle, w.future)
+            _wake(w)
         slot.waiters.clear()
 
     def _room_for(self, slot: Slot) -> bool:
@@ -401,7 +401,7 @@ class ModelPool:
             for s in self.slots.values():
                 for w in s.waiters:
                     w.error = "the server is shutting down"
-                    w.loop.call_soon_threadsafe(_settle, w.future)
+                    _wake(w)
                 s.waiters.clear()
             engines = [s.engine for s in self.slots.values() if s.engine is not None]
             for s in self.slots.values():
@@ -416,6 +416,12 @@ class ModelPool:
     def _retry_after(self, slot: Slot) -> int:
         """Seconds a client should wait before asking again: its last load time, at least 1."""
         return max(1, math.ceil(slot.load_seconds or 1.0))
+
+
+def _wake(w: _Waiter) -> None:
+    """Settle a waiter's future on its own loop (a loop already closed has no one left to wake)."""
+    with contextlib.suppress(RuntimeError):
+        w.loop.call_soon_threadsafe(_settle, w.future)
 
 
 def _settle(future: asyncio.Future[None]) -> None:
