@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +37,7 @@ _QUANT = re.compile(
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _REF = re.compile(
-    rf"^(?:(?:https?://)?(?:huggingface\.co|hf\.co)/)?(?P<repo>{_NAME}/{_NAME}?)"
+    rf"^(?:(?:https?://)?(?:huggingface\.co|hf\.co)/)?(?P<repo>{_NAME}/{_NAME})"
     rf"(?:/(?:resolve|blob)/main/(?P<file>[^:]+\.gguf)|:(?P<quant>{_NAME}))?/?$"
 )
 
@@ -194,8 +196,11 @@ def pull(ref: HubRef) -> Path:
             read_gguf(path)
         except ModelFileError as e:
             forget(path)
-            reason = str(e).removeprefix(f"{path}: ")
-            raise HubError(f"{ref.repo}/{name}: the downloaded file is bad ({reason}); it was removed") from None
+            reason = str(e).removeprefix(f"{path}: ").removesuffix("; download it again")
+            raise HubError(
+                f"{ref.repo}/{name}: the download is not a complete GGUF ({reason}); it was removed from the cache, "
+                "run the pull again"
+            ) from None
     return paths[0]
 
 
@@ -206,19 +211,15 @@ def forget(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-class _hub_errors:
-    """huggingface_hub's exceptions as one-line HubErrors that say what to do."""
-
-    def __init__(self, ref: HubRef) -> None:
-        self.ref = ref
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
-        if e is None or not isinstance(e, Exception) or isinstance(e, HubError):
-            return
-        raise _as_hub_error(self.ref, e) from None
+@contextmanager
+def _hub_errors(ref: HubRef) -> Iterator[None]:
+    """huggingface_hub's exceptions as one-line HubErrors that say what to do (Ctrl-C passes through)."""
+    try:
+        yield
+    except HubError:
+        raise
+    except Exception as e:
+        raise _as_hub_error(ref, e) from None
 
 
 def _as_hub_error(ref: HubRef, e: Exception) -> HubError:
@@ -250,8 +251,8 @@ def _as_hub_error(ref: HubRef, e: Exception) -> HubError:
         )
     if isinstance(e, RepositoryNotFoundError):
         return HubNotFoundError(
-            f"{repo}: no such file here, nor model repository on {where} "
-            "(if the repo is private, set HF_TOKEN to a token with access)"
+            f"{repo}: no such model repository on {where}, nor such a file here "
+            "(a private repo needs HF_TOKEN set to a token with access)"
         )
     if isinstance(e, RevisionNotFoundError | RemoteEntryNotFoundError):
         return HubNotFoundError(f"{repo}: the file is no longer on {where}; pull it again")
