@@ -167,6 +167,14 @@ def cached_path(ref: HubRef) -> Path | None:
     return None
 
 
+def parts_of(first: Path) -> list[Path]:
+    """Every part of the GGUF whose first part (or only file) is FIRST, in order."""
+    m = _SPLIT.match(first.name)
+    if m is None:
+        return [first]
+    return [first.with_name(f"{m[1]}-{i:05d}-of-{m[3]}.gguf") for i in range(1, int(m[3]) + 1)]
+
+
 def _split_complete(choice: Choice) -> bool:
     m = _SPLIT.match(choice.files[0])
     return m is None or len(choice.files) == int(m[3])

@@ -266,7 +266,7 @@ def test_a_split_gguf_pulls_whole_and_loads_from_its_first_part(tmp_path, hub, g
     assert result.returncode == 0, result.stderr
     first = Path(result.stdout.strip())
     assert first.name == PARTS[0] and (first.parent / PARTS[1]).is_file()
-    assert "first of 2 parts" in result.stderr
+    assert "98 MB in 2 parts" in result.stderr
     for name in PARTS:
         assert (first.parent / name).read_bytes() == hub.repos[SPLIT][name]
     run = edgeinfer(tmp_path, hub, "generate", "--model", SPLIT, "Hi", *GEN, HF_HUB_OFFLINE="1")

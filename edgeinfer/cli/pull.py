@@ -37,9 +37,6 @@ def pull(name: str) -> None:
     HF_TOKEN and HF_HUB_OFFLINE are honoured. A model already there sends no request.
     Any command's --model takes the same names and pulls on first use.
     """
-    # gguf's import (50 ms) waits for a pull: commands.py imports this module for every command.
-    from edgeinfer.models.gguf import read_gguf
-
     ref = ref_of(name)
     try:
         cached = hub.cached_path(ref)
@@ -48,11 +45,12 @@ def pull(name: str) -> None:
         # huggingface_hub has deleted this process's partial file on the way out: nothing passes as complete.
         click.echo(f"edgeinfer: pull of {name} interrupted; nothing partial was kept; run it again", err=True)
         sys.exit(130)
-    info = read_gguf(path)
+    # Both checked every part as a GGUF already; the sizes come from the files.
+    parts = hub.parts_of(path)
+    size = sum(p.stat().st_size for p in parts) / 1e6
     how = "already in the cache" if cached else "pulled"
     click.echo(
-        f"{how}: {ref.repo} {info.quantization}, {info.architecture}, {info.file_size / 1e6:.0f} MB"
-        + (f" (first of {info.metadata['split.count']} parts)" if "split.count" in info.metadata else ""),
+        f"{how}: {ref.repo} {path.name}, {size:.0f} MB" + (f" in {len(parts)} parts" if len(parts) > 1 else ""),
         err=True,
     )
     click.echo(str(path))
