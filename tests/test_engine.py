@@ -153,7 +153,7 @@ def test_cancel_frees_the_streams_kv(model_path):
             if isinstance(ev, Chunk):
                 got += 1
                 if got == 5:
-                    seq = eng.delivery.live[handle.id].stream.seq
+                    seq = eng.streams[handle.id].seq
                     assert eng.ctx.seq_pos_max(seq) > 0  # the stream holds KV while it runs
                     handle.cancel()
         assert handle.finish.finish_reason == "cancelled"

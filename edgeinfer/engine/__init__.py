@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from edgeinfer.engine.delivery import StreamHandle
     from edgeinfer.engine.engine import Engine, make_engine
+    from edgeinfer.engine.handle import StreamHandle
 
 __all__ = ["Engine", "StreamHandle", "make_engine"]
 
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module("edgeinfer.engine.engine"), name)
     if name == "StreamHandle":
-        from edgeinfer.engine.delivery import StreamHandle
+        from edgeinfer.engine.handle import StreamHandle
 
         return StreamHandle
     raise AttributeError(name)

@@ -21,9 +21,10 @@ import time
 from typing import Any, Protocol
 
 from edgeinfer.engine import faults
-from edgeinfer.engine.delivery import Delivery, Live, StreamHandle
+from edgeinfer.engine.delivery import Delivery
 from edgeinfer.engine.embeddings import Embeddings
-from edgeinfer.engine.grammar import Grammars, next_tokens
+from edgeinfer.engine.grammar import GrammarFailed, Grammars, next_tokens
+from edgeinfer.engine.handle import StreamHandle
 from edgeinfer.engine.kvcache import ContextKv, make_store
 from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
@@ -109,6 +110,7 @@ class Engine:
         )
         self.metrics = Metrics()
         self.delivery = Delivery(self.vocab, self.metrics)  # guarded by lock
+        self.streams: dict[int, Stream] = {}  # every stream from submit to its Finish, by id; guarded by lock
         self.grammars = Grammars(self.vocab)
         self._model_stats = model_stats(config, self.model, self.n_ctx)
         self._batch = Batch(self.ctx.n_batch)
@@ -167,12 +169,14 @@ class Engine:
             group = self.sched.add(tokens, n, max_new)
             handles = []
             for s, guide in zip(group.streams, guides, strict=True):
-                h = StreamHandle(s.id, s.index, self.cancel, loop)
-                sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens)
-                self.delivery.open(Live(s, h, params, sampler, TextStream(params.stop), t_submit, guide=guide))
+                s.handle = StreamHandle(s.id, s.index, self.cancel, loop)
+                s.params, s.guide, s.t_submit = params, guide, t_submit
+                s.sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens)
+                s.text = TextStream(params.stop)
+                self.streams[s.id] = s
                 if self.spec is not None:
-                    self.spec.attach(s, params)
-                handles.append(h)
+                    self.spec.attach(s)
+                handles.append(s.handle)
             self.metrics.requests += 1
             self._wake.notify()
         return handles
@@ -190,9 +194,9 @@ class Engine:
         if self.fatal_error is not None:  # every stream has ended; the engine thread may hold the lock for good
             return
         with self.lock:
-            live = self.delivery.live.get(handle.id)
-            if live is not None and not live.stream.status.finished:
-                self.sched.cancel(live.stream)
+            s = self.streams.get(handle.id)
+            if s is not None and not s.status.finished:
+                self.sched.cancel(s)
                 self._wake.notify()
 
     def reset_prefixes(self) -> None:
@@ -262,8 +266,7 @@ class Engine:
             n_ctx_seq=self.ctx.n_ctx_seq,
             sched=self.sched,
             metrics=self.metrics,
-            streams=list(self.delivery.live.values()),
-            drafted={s: spec.drafted_for(s) for s in self.delivery.live} if spec is not None else {},
+            streams=list(self.streams.values()),
             spec=spec.stats() if spec is not None else SpecStats(mode="off", error=self.spec_error),
             cache=self.store.refresh_stats().model_copy() if self.store is not None else None,
         )
@@ -278,8 +281,8 @@ class Engine:
             if self._closing:
                 return
             self._closing = True
-            for live in self.delivery.live.values():
-                self.sched.cancel(live.stream)
+            for s in self.streams.values():
+                self.sched.cancel(s)
             self._wake.notify()
         self._thread.join()
         if self.store is not None:
@@ -303,17 +306,18 @@ class Engine:
         """Refuse new work; every stream and the work queued between steps end with the reason (lock held)."""
         self.fatal_error = reason
         self._closing = True
-        for live in list(self.delivery.live.values()):
-            live.stream.status = Status.ERROR
+        streams, self.streams = self.streams, {}
+        for s in streams.values():
+            s.status = Status.ERROR
             with contextlib.suppress(Exception):
-                self.delivery.finish(live.stream, error=f"the engine stopped ({reason}); restart it")
+                self.delivery.finish(s, error=f"the engine stopped ({reason}); restart it")
         for work in self._between:
             work.fail(EngineFailedError(f"the engine stopped: {reason}"))
 
     def end_stream(self, s: Stream, status: Status, error: str | None = None) -> None:
         """End a running stream, in the scheduler and for its caller (lock held)."""
         self.sched.finish(s, status)
-        self._finish_event(s, error)
+        self._finished(s, error)
 
     def deliver(self) -> None:
         """Hand the queued events to their asyncio loops, without the lock (the engine thread may hold it for good)."""
@@ -326,9 +330,9 @@ class Engine:
         gone = self.delivery.outbox.flush()
         if gone:
             with self.lock:
-                for live in self.delivery.live.values():
-                    if live.handle.loop in gone:
-                        self.sched.cancel(live.stream)
+                for s in self.streams.values():
+                    if s.handle.loop in gone:
+                        self.sched.cancel(s)
 
     def _run(self) -> None:
         try:
@@ -387,7 +391,7 @@ class Engine:
     def _step(self, plan: StepPlan) -> int:
         """Decode the plan's batch and hand out the results; returns tokens emitted."""
         for s in plan.finished:
-            self._finish_event(s)
+            self._finished(s)
         if not plan.items:
             return 0
         batch = self._batch
@@ -411,7 +415,7 @@ class Engine:
                 else:
                     outputs.extend(self._sample(s, row, t1) for s in it.samplers)
             for s in self.sched.postprocess(plan, outputs):
-                self._finish_event(s)
+                self._finished(s)
             n_emitted = sum(len(out.tokens) for out in outputs)
             self.metrics.step(n_emitted, plan.n_tokens, t1 - t0)
         return n_emitted
@@ -420,29 +424,30 @@ class Engine:
         """The accepted drafts and the target's own next token; the rejected drafts leave the KV."""
         assert self.spec is not None
         s = it.stream
-        out = self.spec.verify(self.ctx, it, self.delivery.live[s.id].sampler)
+        out = self.spec.verify(self.ctx, it)
         output = self.delivery.tokens(s, out, now, n_rejected=it.n_draft - (len(out) - 1))
         if output.status is None:
             self.spec.emitted(s, out)
         return output
 
     def _sample(self, s: Stream, row: int, now: float) -> StepOutput:
-        live = self.delivery.live[s.id]
-        tokens = next_tokens(live, self.ctx, row)  # the sampled token, then any its grammar forces
-        if tokens is None:
+        try:  # the sampled token, then any its grammar forces
+            tokens = next_tokens(s.guide, s.sampler, self.ctx, row, s.max_new - s.n_generated)
+        except GrammarFailed as e:
+            s.error = f"the output grammar could not go on: {e}"
             return StepOutput(s, [], status=Status.ERROR)
         lp = None
-        if live.params.logprobs is not None:
-            lp = logprob(self.ctx, self.vocab, row, tokens[0], live.params.logprobs)
-            live.logprobs.append(lp)
+        if s.params.logprobs is not None:
+            lp = logprob(self.ctx, self.vocab, row, tokens[0], s.params.logprobs)
+            s.logprobs.append(lp)
         output = self.delivery.tokens(s, tokens, now, lp=lp, in_kv=False)
         if output.status is None and self.spec is not None:
             self.spec.emitted(s, tokens)
         return output
 
-    def _finish_event(self, s: Stream, error: str | None = None) -> None:
-        drafted, accepted = (0, 0)
+    def _finished(self, s: Stream, error: str | None = None) -> None:
+        """A stream has ended (the scheduler knows): the one place its caller and the speculator hear of it."""
+        del self.streams[s.id]
         if self.spec is not None:
-            drafted, accepted = self.spec.drafted_for(s.id)
             self.spec.detach(s)
-        self.delivery.finish(s, drafted, accepted, error)
+        self.delivery.finish(s, error)

@@ -20,17 +20,14 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from edgeinfer.engine.closing import CLOSING_TAGS, SEARCH, WINDOW, Closer, Step, cost
 from edgeinfer.errors import RequestError
-from edgeinfer.llamacpp import Context, Vocab
+from edgeinfer.llamacpp import Context, Sampler, Vocab
 from edgeinfer.options import Grammar
-
-if TYPE_CHECKING:
-    from edgeinfer.engine.delivery import Live
 
 MAX_DEPTH = 32  # nesting of a JSON Schema
 # Compact separators: one fixed way to write JSON, so that more of it is forced, and no room
@@ -210,11 +207,10 @@ class Guide:
         return [token, *self.advance(token)]
 
 
-def next_tokens(live: Live, ctx: Context, row: int) -> list[int] | None:
+def next_tokens(guide: Guide | None, sampler: Sampler, ctx: Context, row: int, left: int) -> list[int]:
     """A stream's next tokens from output row `row`: the sampled one (or its closing path's, near the budget),
-    then those its grammar forces (the sampler records them too); None when the grammar cannot go on
-    (live.error says why)."""
-    guide, sampler = live.guide, live.sampler
+    then those its grammar forces (the sampler records them too). left: tokens left in the stream's budget.
+    GrammarFailed when the grammar cannot go on."""
     if guide is None:
         return [sampler.sample(ctx, row)]
 
@@ -224,11 +220,7 @@ def next_tokens(live: Live, ctx: Context, row: int) -> list[int] | None:
             raise GrammarFailed("it allows no token here")
         return sampler.sample_masked(ctx, row, allowed)
 
-    try:
-        tokens = guide.step(sample, sampler.accept, live.stream.max_new - live.stream.n_generated)
-    except GrammarFailed as e:
-        live.error = f"the output grammar could not go on: {e}"
-        return None
+    tokens = guide.step(sample, sampler.accept, left)
     for t in tokens[1:]:
         sampler.accept(t)
     return tokens

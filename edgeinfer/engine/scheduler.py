@@ -220,40 +220,19 @@ class Scheduler:
         """End a running stream; its KV goes to the cache tiers (or away) and its sequence is freed."""
         assert status.finished and stream.status == Status.RUNNING
         stream.status = status
-        self.running.remove(stream)
-        group = stream.group
-        group.n_live -= 1
-        if stream.id in self.live:
-            self.live.remove(stream.id)
-            del self._live_streams[stream.id]
-        keep = group.retain and status != Status.ERROR and stream.n_computed >= MIN_SHARE
-        if keep and stream.seq not in self._copying:
-            self.kv.save(stream.seq, stream.tokens[: stream.n_computed])
-        self._release_seq(stream.seq)
+        group = self._leave(stream, save=stream.group.retain and status != Status.ERROR)
         self._room_freed = True
         if group.n_live == 0:
             self.reserved -= group.reserve
-        elif not stream.fork_pending:
-            self._hand_over_prompt(group)
 
     def preempt(self, stream: Stream) -> None:
         """Take a running stream out of the KV cache to make room: its KV goes to the tiers, it waits at the
         front of the queue, and once another stream has ended it resumes (restored, or recomputed) where it was."""
         assert stream.status == Status.RUNNING
-        self.running.remove(stream)
-        if stream.id in self.live:
-            self.live.remove(stream.id)
-            del self._live_streams[stream.id]
-        if stream.n_computed >= MIN_SHARE and stream.seq not in self._copying:
-            self.kv.save(stream.seq, stream.tokens[: stream.n_computed])
-        self._release_seq(stream.seq)
-        old = stream.group
-        old.n_live -= 1
+        old = self._leave(stream, save=True)
         share = old.reserve if old.n_live == 0 else self.reserve_of(0, 1, old.max_new)
         old.reserve -= share
         self.reserved -= share
-        if old.n_live > 0 and not stream.fork_pending:
-            self._hand_over_prompt(old)
         g = Group(list(stream.tokens), 1, stream.max_new, self.reserve_of(stream.n_prompt, 1, stream.max_new))
         g.retain, g.streams, g.n_live, g.preempted = old.retain, [stream], 1, True
         stream.group, stream.status, stream.seq = g, Status.WAITING, -1
@@ -262,6 +241,23 @@ class Scheduler:
         self.waiting.appendleft(g)
         self._room_freed = False
         self.preemptions += 1
+
+    def _leave(self, stream: Stream, save: bool) -> Group:
+        """What finishing and preempting share: the stream leaves the running ones and the live prompts, its KV
+        goes to the tiers (when `save`, and worth saving), its sequence is freed, and if it was computing its
+        group's prompt a waiting fork takes over. Returns its group, one live stream fewer."""
+        self.running.remove(stream)
+        if stream.id in self.live:
+            self.live.remove(stream.id)
+            del self._live_streams[stream.id]
+        if save and stream.n_computed >= MIN_SHARE and stream.seq not in self._copying:
+            self.kv.save(stream.seq, stream.tokens[: stream.n_computed])
+        self._release_seq(stream.seq)
+        group = stream.group
+        group.n_live -= 1
+        if group.n_live > 0 and not stream.fork_pending:
+            self._hand_over_prompt(group)
+        return group
 
     # --- internals --------------------------------------------------------
 

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from edgeinfer.engine.metrics import Metrics
-from edgeinfer.engine.scheduler import Scheduler, Status
+from edgeinfer.engine.scheduler import Scheduler, Status, Stream
 from edgeinfer.options import EngineConfig
 
 if TYPE_CHECKING:
-    from edgeinfer.engine.delivery import Live
     from edgeinfer.llamacpp import Model
 
 
@@ -210,8 +209,7 @@ class EngineView:
     n_ctx_seq: int  # KV cells one stream can hold
     sched: Scheduler
     metrics: Metrics
-    streams: list[Live]  # running and waiting streams, with their callers' figures
-    drafted: dict[int, tuple[int, int]]  # (drafted, accepted) tokens by stream id, where speculation runs
+    streams: list[Stream]  # running and waiting streams
     spec: SpecStats
     cache: CacheStats | None  # None without KV cache tiers
 
@@ -241,16 +239,14 @@ def build_stats(view: EngineView) -> EngineStats:
     now = time.perf_counter()
     sched, m, config = view.sched, view.metrics, view.config
     rows = []
-    for live in view.streams:
-        s = live.stream
+    for s in view.streams:
         if s.status == Status.WAITING:
             state = "waiting"
         elif s.n_computed < s.n_prompt - 1 or s.fork_pending:
             state = "prefill"
         else:
             state = "decode"
-        span = live.t_last - live.t_first
-        drafted, accepted = view.drafted.get(s.id, (0, 0))
+        span = s.t_last - s.t_first
         rows.append(
             StreamRow(
                 id=s.id,
@@ -260,10 +256,10 @@ def build_stats(view: EngineView) -> EngineStats:
                 cached_tokens=s.n_cached,
                 generated_tokens=s.n_generated,
                 tps=(s.n_generated - 1) / span if s.n_generated > 1 and span > 0 else None,
-                ttft_s=live.t_first - live.t_submit if live.t_first else None,
-                drafted=drafted,
-                accepted=accepted,
-                age_s=now - live.t_submit,
+                ttft_s=s.t_first - s.t_submit if s.t_first else None,
+                drafted=s.n_drafted,
+                accepted=s.n_accepted,
+                age_s=now - s.t_submit,
             )
         )
     return EngineStats(

@@ -1,13 +1,25 @@
-"""What a step is made of: streams and their status, requests, KV edits, batch items, the plan and the outputs.
+"""What a step is made of: streams and their status, requests, batch items, the plan and the outputs.
 
 Plain dataclasses shared by the scheduler (which makes plans), the engine (which runs
-them) and speculation (which reads streams); no behaviour beyond a few derived figures.
+them), delivery (which turns tokens into a caller's events) and speculation; no behaviour
+beyond a few derived figures. A Stream is the one record of a stream, from submit to its
+Finish event: each of those parts reads and writes its own fields of it.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the caller's side of a stream; the scheduler never reads it
+    from edgeinfer.engine.grammar import Guide
+    from edgeinfer.engine.handle import StreamHandle
+    from edgeinfer.engine.text import TextStream
+    from edgeinfer.events import TokenLogprob
+    from edgeinfer.llamacpp import Sampler
+    from edgeinfer.options import SamplingParams
+    from edgeinfer.speculative.drafting import Drafting
 
 
 class Status(enum.IntEnum):
@@ -27,7 +39,11 @@ class Status(enum.IntEnum):
 
 @dataclass(slots=True, eq=False)
 class Stream:
-    """One generation stream: one sequence id in the KV cache while it runs."""
+    """One generation stream, from submit to its Finish event: one sequence id in the KV cache while it runs.
+
+    The scheduler makes it (Scheduler.add) and owns the fields up to share_len; the engine sets
+    the caller's side at submit, before the stream is scheduled; delivery and speculation read
+    and update their own fields."""
 
     id: int
     group: Group
@@ -43,6 +59,21 @@ class Stream:
     cancel_requested: bool = False
     share_src: Stream | None = None  # a live stream whose prompt prefix this one copies once computed
     share_len: int = 0
+    # The caller's side, set by the engine at submit (unset in the scheduler's own tests).
+    handle: StreamHandle = field(init=False)
+    params: SamplingParams = field(init=False)
+    sampler: Sampler = field(init=False)
+    text: TextStream = field(init=False)  # the generated text, its stop strings and UTF-8
+    t_submit: float = field(init=False)  # time.perf_counter() seconds, as the t_ below
+    t_first: float = 0.0  # the first token's time, 0.0 before it
+    t_last: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    guide: Guide | None = None  # the stream's grammar, if its request has one
+    error: str | None = None  # why the stream ended with an error, when the step found out
+    # Speculation (edgeinfer.speculative): its state where the stream drafts, and its counts.
+    drafting: Drafting | None = None
+    n_drafted: int = 0
+    n_accepted: int = 0
 
     @property
     def n_generated(self) -> int:

@@ -2,40 +2,27 @@
 
 The engine calls propose() before planning a step; the drafts it returns (by stream id)
 go to the scheduler, which puts them into the plan's batch items. After the decode the
-engine calls verify() for every item that carried drafts. Per-stream state lives here,
-keyed by stream id, from attach() to detach().
+engine calls verify() for every item that carried drafts. A stream's own state lives on
+it (stream.drafting, stream.n_drafted, stream.n_accepted), from attach() to detach().
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from edgeinfer.engine.scheduler import BatchItem, Stream
 from edgeinfer.engine.stats import SpecStats
 from edgeinfer.llamacpp import Context, ContextParams, Model
-from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.options import EngineConfig
 from edgeinfer.speculative.control import Acceptance, Candidate, Controller, Gate
 from edgeinfer.speculative.draft import DraftModel, DraftRequest
+from edgeinfer.speculative.drafting import Drafting
 from edgeinfer.speculative.ngram import NgramIndex
 from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
 
 PRIOR_ALPHA = {"ngram": 0.5, "draft": 0.7}
-
-
-@dataclass(slots=True)
-class SpecState:
-    """One stream's speculation state."""
-
-    params: SamplingParams
-    ngram: NgramIndex | None
-    accept: Acceptance
-    rng: np.random.Generator  # rejection sampling's draws (--spec-verify rejection)
-    q: np.ndarray | None = None  # laws the pending draft was drawn from (rejection sampling only)
-    drafted: int = 0
-    accepted: int = 0
 
 
 @dataclass(slots=True)
@@ -84,11 +71,11 @@ class Speculator:
         self.gate = Gate()
         self.counters = SpecCounters(config.spec_max)
         self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
-        self.states: dict[int, SpecState] = {}  # by stream id
         self.enabled = True  # False: no drafts (the benchmark compares both on one engine); verification goes on
 
-    def attach(self, stream: Stream, params: SamplingParams) -> None:
-        """Start tracking a new stream, where speculation can be lossless for it."""
+    def attach(self, stream: Stream) -> None:
+        """Start drafting for a new stream (its params set), where speculation can be lossless for it."""
+        params = stream.params
         if params.has_penalties:
             return  # penalties depend on every emitted token; the verifiers do not model them
         if params.logprobs is not None or params.grammar is not None or params.logit_bias:
@@ -103,18 +90,13 @@ class Speculator:
             ngram = NgramIndex()
             ngram.extend(stream.tokens)
         seed = None if params.seed is None else params.seed + stream.index
-        self.states[stream.id] = SpecState(params, ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
+        stream.drafting = Drafting(ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
 
     def detach(self, stream: Stream) -> None:
-        """The stream has ended: its state goes, and so does its sequence in the draft model's KV."""
-        self.states.pop(stream.id, None)
+        """The stream has ended: its state goes (its counts stay), and so does its sequence in the draft model's KV."""
+        stream.drafting = None
         if self.drafter is not None:
             self.drafter.forget(stream.seq)
-
-    def drafted_for(self, stream_id: int) -> tuple[int, int]:
-        """(drafted, accepted) tokens of one stream so far."""
-        st = self.states.get(stream_id)
-        return (st.drafted, st.accepted) if st is not None else (0, 0)
 
     # --- before the step ----------------------------------------------------
 
@@ -130,7 +112,7 @@ class Speculator:
         by_id: dict[int, Stream] = {}
         ngram_drafts: dict[int, list[int]] = {}
         for s in decoding:
-            st = self.states.get(s.id)
+            st = s.drafting
             room = min(self.max_draft, s.max_new - s.n_generated - 1)
             # The first token always comes from the plain path: it may feed forked streams too.
             if st is None or room <= 0 or s.n_generated == 0:
@@ -160,16 +142,19 @@ class Speculator:
         assert self.drafter is not None
         reqs = []
         for key, k in plan.items():
-            s, st = by_id[key], self.states[key]
-            p = st.params
+            s = by_id[key]
+            st, p = s.drafting, s.params
+            assert st is not None  # a candidate drafts
             rng = st.rng if self.rejection and p.temperature > 0 else None
             reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, rng))
         drafts = self.drafter.draft(reqs, self.controller.draft.observe)
         out = {}
         for key in plan:
-            d = drafts[by_id[key].seq]
+            s = by_id[key]
+            d = drafts[s.seq]
             out[key] = d.tokens
-            self.states[key].q = d.q
+            assert s.drafting is not None
+            s.drafting.q = d.q
         return out
 
     # --- after the decode -----------------------------------------------------
@@ -181,13 +166,14 @@ class Speculator:
         """A decode-only step, drafting and verification included: feeds the gate."""
         self.gate.observe(n_decoding, drafted, tokens, seconds)
 
-    def verify(self, ctx: Context, item: BatchItem, sampler: Any) -> list[int]:
+    def verify(self, ctx: Context, item: BatchItem) -> list[int]:
         """The tokens to emit for a stream whose item carried drafts (accepted drafts, then one more)."""
-        st = self.states[item.stream.id]
+        s = item.stream
+        st, sampler, p = s.drafting, s.sampler, s.params
+        assert st is not None  # only a drafting stream's item carries drafts
         draft = item.draft
         k = len(draft)
         row0 = item.row0
-        p = st.params
         if p.temperature <= 0:
             argmax = [ctx.argmax(row0 + i) for i in range(k + 1)]
             out = verify_greedy(draft, argmax)
@@ -205,15 +191,15 @@ class Speculator:
             out = verify_sample_match(draft, samples)
         st.q = None
         accepted = len(out) - 1
-        st.drafted += k
-        st.accepted += accepted
+        s.n_drafted += k
+        s.n_accepted += accepted
         st.accept.update(k, accepted)
         self._prior.update(k, accepted)
         self.counters.record(k, accepted)
         return out
 
     def emitted(self, s: Stream, tokens: list[int]) -> None:
-        st = self.states.get(s.id)
+        st = s.drafting
         if st is not None and st.ngram is not None:
             st.ngram.extend(tokens)
 
