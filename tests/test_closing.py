@@ -101,9 +101,10 @@ def writer(vocab, text: str):
 
 
 def drive(grammars, grammar: Grammar, choose, budget: int):
-    """Run a guide as the engine does with a stand-in model: (the text, its token count, how it ended, the guide).
-    Ended: "stop" (end of text), "length" (the budget, as Delivery cuts it: up to the token that reaches it)."""
-    guide = grammars.guides(grammars.compile(grammar), 1)[0]
+    """Run a grammar state as the engine does with a stand-in model: (the text, its token count, how it ended,
+    the grammar state).
+    Ended: "stop" (end of text), "length" (the budget, as the Emitter cuts it: up to the token that reaches it)."""
+    guide = grammars.states(grammars.compile(grammar), 1)[0]
     vocab, out = grammars.vocab, []
     while True:
         for t in guide.step(lambda: choose(guide.allowed(), out), lambda t: None, budget - len(out)):

@@ -150,7 +150,7 @@ class Driven:
 
     def __init__(self, grammars, grammar: Grammar) -> None:
         self.vocab = grammars.vocab
-        self.guide = grammars.guides(grammars.compile(grammar), 1)[0]
+        self.guide = grammars.states(grammars.compile(grammar), 1)[0]
         self.text = ""  # written so far, forced tokens included
         self.tokens = 0  # tokens written by choice (not forced)
         self.forced = ""  # the text of the last forced tokens

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from edgeinfer.bench.workloads import code_edit_prompt
 from edgeinfer.cli import main
 from edgeinfer.engine import Engine, make_engine
-from edgeinfer.engine.stats import SpecStats
+from edgeinfer.engine.stats import SpeculationStats
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.speculative.verify import sampling_probs
@@ -28,7 +28,7 @@ REF = SamplingParams(temperature=0, max_tokens=80, logprobs=5)  # logprobs: the 
 PROMPTS = [code_edit_prompt(0), code_edit_prompt(1), "List the days of the week, then list them again."]
 
 
-def run_all(config: EngineConfig, params: SamplingParams, ref: list | None = None) -> tuple[list, SpecStats]:
+def run_all(config: EngineConfig, params: SamplingParams, ref: list | None = None) -> tuple[list, SpeculationStats]:
     """Each prompt's result, and the speculation counters; with ref, each result is checked against it."""
     with make_engine(config) as eng:
         prompts = [chat(eng, p) for p in PROMPTS]
@@ -233,5 +233,5 @@ def test_draft_model_keeps_speculating_over_many_requests(model_path):
             stats = eng.snapshot().spec
             assert stats.error is None, f"round {r}: {stats.error}"
             drafted.append(stats.drafted)
-        assert eng.spec is not None and not eng.spec.drafter.held  # every ended stream's sequence is gone
+        assert eng.speculator is not None and not eng.speculator.drafter.held  # every ended stream's sequence is gone
     assert all(b > a for a, b in pairwise(drafted)), drafted

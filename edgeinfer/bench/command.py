@@ -69,8 +69,8 @@ def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> No
         engine = make_engine(config)
         if config.spec != "off":
             targets += [
-                EngineTarget(engine, f"spec {config.spec}", spec=True),
-                EngineTarget(engine, "spec off", spec=False),
+                EngineTarget(engine, f"spec {config.spec}", speculate=True),
+                EngineTarget(engine, "spec off", speculate=False),
             ]
         else:
             targets.append(EngineTarget(engine))

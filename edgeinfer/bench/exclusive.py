@@ -57,5 +57,5 @@ def run_exclusive(engine: Engine, fn: Callable[[Context], R]) -> R:
 
 def set_speculation(engine: Engine, on: bool) -> None:
     """Draft or not from the next step on, to compare both on one engine (nothing to switch without a speculator)."""
-    if engine.spec is not None:
-        engine.spec.enabled = on
+    if engine.speculator is not None:
+        engine.speculator.enabled = on

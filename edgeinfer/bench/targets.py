@@ -50,14 +50,14 @@ class Target:
 class EngineTarget(Target):
     kind = "engine"
 
-    def __init__(self, engine: Any, name: str = "edgeinfer", spec: bool | None = None) -> None:
+    def __init__(self, engine: Any, name: str = "edgeinfer", speculate: bool | None = None) -> None:
         self.engine = engine
         self.name = name
-        self.spec = spec  # True/False: turn the engine's speculation on/off for this target's runs
+        self.speculate = speculate  # True/False: turn the engine's speculation on/off for this target's runs
 
     def run(self, messages: Messages, max_tokens: int, done: Done) -> RunResult:
-        if self.spec is not None:
-            set_speculation(self.engine, self.spec)
+        if self.speculate is not None:
+            set_speculation(self.engine, self.speculate)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         prompts = [self.engine.chat_prompt(m) for m in messages]
         t_start = time.perf_counter()
@@ -80,7 +80,7 @@ class EngineTarget(Target):
                 "gpu_layers": e.config.gpu_layers,
                 "kv_type": e.config.kv_type,
                 "flash_attn": e.config.flash_attn,
-                "spec": e.config.spec if self.spec is not False else "off",
+                "spec": e.config.spec if self.speculate is not False else "off",
             },
         }
 

@@ -4,12 +4,16 @@ Callers submit requests from any thread (or an asyncio loop) and read events fro
 StreamHandle. All llama.cpp work happens on the engine thread; the scheduler is
 guarded by one lock that is never held during llama_decode.
 
-One step, and the layer that owns each part:
+One Stream (step.py) holds each stream's state from submit to its Finish; the engine keeps them in
+`streams`, and `_finished` is the one place a stream ends. Between two steps the engine thread runs
+its BetweenSteps work (embeddings; the benchmark's raw loop, edgeinfer.bench.exclusive). One step,
+and the layer that owns each part:
   speculator.propose(running)      -> drafts by stream id            (edgeinfer.speculative)
-  scheduler.schedule(drafts)       -> StepPlan: KV ops, batch items  (scheduler.py)
+  scheduler.schedule(drafts)       -> StepPlan: batch items          (scheduler.py)
   ctx.decode(batch)                                                   (edgeinfer.llamacpp)
-  sample / verify each item        -> StepOutput per stream          (sampling.py, grammar.py, here)
-  scheduler.postprocess(plan, outs) -> the streams that ended
+  sample / verify each item        -> StepOutput per stream          (sampling.py, grammar.py, emit.py, here)
+  scheduler.postprocess(plan, outs) -> the streams that ended         (then _finished: emit.py, speculator)
+What breaks is handled in faults.py, over the small faults.Host interface.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ import time
 from typing import Any, Protocol
 
 from edgeinfer.engine import faults
-from edgeinfer.engine.delivery import Delivery
 from edgeinfer.engine.embeddings import Embeddings
+from edgeinfer.engine.emit import Emitter
 from edgeinfer.engine.grammar import GrammarFailed, Grammars, next_tokens
 from edgeinfer.engine.handle import StreamHandle
 from edgeinfer.engine.kvcache import ContextKv, make_store
@@ -30,7 +34,7 @@ from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
 from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput, StepPlan, Stream
-from edgeinfer.engine.stats import EngineStats, EngineView, SpecStats, build_stats, model_stats
+from edgeinfer.engine.stats import EngineStats, EngineView, SpeculationStats, build_stats, model_stats
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
 from edgeinfer.errors import EngineClosedError, EngineFailedError
@@ -78,12 +82,12 @@ class Engine:
             kv_type=config.kv_type,
             kv_unified=config.kv_layout == "unified",
         )
-        self.spec: Speculator | None = None
-        self.spec_error: str | None = None
+        self.speculator: Speculator | None = None
+        self.speculation_error: str | None = None
         try:
             self.ctx = Context(self.model, ctx_params)
             if config.spec != "off":
-                self.spec = Speculator(config, self.model, ctx_params, self.ctx.batch_invariant)
+                self.speculator = Speculator(config, self.model, ctx_params, self.ctx.batch_invariant)
         except BaseException:
             if getattr(self, "ctx", None) is not None:
                 self.ctx.close()
@@ -109,13 +113,13 @@ class Engine:
             max_queue=config.max_queue,
         )
         self.metrics = Metrics()
-        self.delivery = Delivery(self.vocab, self.metrics)  # guarded by lock
+        self.emitter = Emitter(self.vocab, self.metrics)  # guarded by lock
         self.streams: dict[int, Stream] = {}  # every stream from submit to its Finish, by id; guarded by lock
         self.grammars = Grammars(self.vocab)
         self._model_stats = model_stats(config, self.model, self.n_ctx)
         self._batch = Batch(self.ctx.n_batch)
-        # The one lock: callers' threads and the engine thread share the scheduler, delivery and the work
-        # between steps under it. It is never held during llama_decode.
+        # The one lock: callers' threads and the engine thread share the scheduler, the streams, the emitter
+        # and the work between steps under it. It is never held during llama_decode.
         self.lock = threading.Lock()
         self._wake = threading.Condition(self.lock)
         self._closing = False
@@ -161,21 +165,21 @@ class Engine:
         params = params or SamplingParams()
         tokens = (self.tokenize(prompt) if prompt else []) if isinstance(prompt, str) else list(prompt)
         max_new = check_request(tokens, n, params, self)
-        guides = self.grammars.guides(self.grammars.compile(params.grammar), n) if params.grammar else [None] * n
+        grammars = self.grammars.states(self.grammars.compile(params.grammar), n) if params.grammar else [None] * n
         t_submit = time.perf_counter()
         self._check_failed()
         with self.lock:
             self.check_open()
             group = self.sched.add(tokens, n, max_new)
             handles = []
-            for s, guide in zip(group.streams, guides, strict=True):
+            for s, grammar in zip(group.streams, grammars, strict=True):
                 s.handle = StreamHandle(s.id, s.index, self.cancel, loop)
-                s.params, s.guide, s.t_submit = params, guide, t_submit
+                s.params, s.grammar, s.t_submit = params, grammar, t_submit
                 s.sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens)
                 s.text = TextStream(params.stop)
                 self.streams[s.id] = s
-                if self.spec is not None:
-                    self.spec.attach(s)
+                if self.speculator is not None:
+                    self.speculator.attach(s)
                 handles.append(s.handle)
             self.metrics.requests += 1
             self._wake.notify()
@@ -258,7 +262,7 @@ class Engine:
 
     def _view(self) -> EngineView:
         """What the stats are made of; the caller holds the lock."""
-        spec = self.spec
+        speculator = self.speculator
         return EngineView(
             config=self.config,
             model=self._model_stats,
@@ -267,7 +271,7 @@ class Engine:
             sched=self.sched,
             metrics=self.metrics,
             streams=list(self.streams.values()),
-            spec=spec.stats() if spec is not None else SpecStats(mode="off", error=self.spec_error),
+            spec=speculator.stats() if speculator is not None else SpeculationStats(error=self.speculation_error),
             cache=self.store.refresh_stats().model_copy() if self.store is not None else None,
         )
 
@@ -287,8 +291,8 @@ class Engine:
         self._thread.join()
         if self.store is not None:
             self.store.close()
-        if self.spec is not None:
-            self.spec.close()
+        if self.speculator is not None:
+            self.speculator.close()
         self._batch.close()
         self.embeddings.close()
         self.ctx.close()
@@ -310,7 +314,7 @@ class Engine:
         for s in streams.values():
             s.status = Status.ERROR
             with contextlib.suppress(Exception):
-                self.delivery.finish(s, error=f"the engine stopped ({reason}); restart it")
+                self.emitter.finish(s, error=f"the engine stopped ({reason}); restart it")
         for work in self._between:
             work.fail(EngineFailedError(f"the engine stopped: {reason}"))
 
@@ -321,13 +325,13 @@ class Engine:
 
     def deliver(self) -> None:
         """Hand the queued events to their asyncio loops, without the lock (the engine thread may hold it for good)."""
-        self.delivery.outbox.flush()
+        self.emitter.outbox.flush()
 
     # --- the engine thread ------------------------------------------------
 
     def _flush(self) -> None:
         """Hand the step's events to each asyncio loop in one wake-up; cancel streams whose loop is gone."""
-        gone = self.delivery.outbox.flush()
+        gone = self.emitter.outbox.flush()
         if gone:
             with self.lock:
                 for s in self.streams.values():
@@ -366,27 +370,27 @@ class Engine:
         except BaseException as e:
             faults.fail_all(self, e)
             return
-        if self.spec is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
+        if self.speculator is not None and plan.items and all(len(it.tokens) == 1 + it.n_draft for it in plan.items):
             # A decode-only step: its whole time, drafting included, against what it emitted.
             drafted = any(it.n_draft for it in plan.items)
-            self.spec.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
+            self.speculator.observe_iteration(len(plan.items), drafted, n_emitted, time.perf_counter() - t_iter)
 
     def _propose(self) -> dict[int, list[int]]:
-        if self.spec is None:
+        if self.speculator is None:
             return {}
         try:
-            return self.spec.propose(self.sched.running, self.ctx.n_batch)
+            return self.speculator.propose(self.sched.running, self.ctx.n_batch)
         except BaseException as e:
             self._drop_speculator(e)
             return {}
 
     def _drop_speculator(self, error: BaseException) -> None:
         """Drafting broke (e.g. the draft context is full): go on without speculation."""
-        with self.lock:  # submit() and the Finish path read self.spec under the lock
-            spec, self.spec = self.spec, None
-            self.spec_error = str(error)
-        if spec is not None:
-            spec.close()
+        with self.lock:  # submit() and the Finish path read self.speculator under the lock
+            speculator, self.speculator = self.speculator, None
+            self.speculation_error = str(error)
+        if speculator is not None:
+            speculator.close()
 
     def _step(self, plan: StepPlan) -> int:
         """Decode the plan's batch and hand out the results; returns tokens emitted."""
@@ -405,8 +409,8 @@ class Engine:
             faults.kv_full(self, plan)
             return 0
         t1 = time.perf_counter()
-        if self.spec is not None:
-            self.spec.observe_step(plan.n_tokens, t1 - t0)
+        if self.speculator is not None:
+            self.speculator.observe_step(plan.n_tokens, t1 - t0)
         with self.lock:
             outputs = []
             for it, row in zip(plan.items, rows, strict=True):
@@ -422,17 +426,17 @@ class Engine:
 
     def _verify(self, it: BatchItem, now: float) -> StepOutput:
         """The accepted drafts and the target's own next token; the rejected drafts leave the KV."""
-        assert self.spec is not None
+        assert self.speculator is not None
         s = it.stream
-        out = self.spec.verify(self.ctx, it)
-        output = self.delivery.tokens(s, out, now, n_rejected=it.n_draft - (len(out) - 1))
+        out = self.speculator.verify(self.ctx, it)
+        output = self.emitter.tokens(s, out, now, n_rejected=it.n_draft - (len(out) - 1))
         if output.status is None:
-            self.spec.emitted(s, out)
+            self.speculator.emitted(s, out)
         return output
 
     def _sample(self, s: Stream, row: int, now: float) -> StepOutput:
         try:  # the sampled token, then any its grammar forces
-            tokens = next_tokens(s.guide, s.sampler, self.ctx, row, s.max_new - s.n_generated)
+            tokens = next_tokens(s.grammar, s.sampler, self.ctx, row, s.max_new - s.n_generated)
         except GrammarFailed as e:
             s.error = f"the output grammar could not go on: {e}"
             return StepOutput(s, [], status=Status.ERROR)
@@ -440,14 +444,14 @@ class Engine:
         if s.params.logprobs is not None:
             lp = logprob(self.ctx, self.vocab, row, tokens[0], s.params.logprobs)
             s.logprobs.append(lp)
-        output = self.delivery.tokens(s, tokens, now, lp=lp, in_kv=False)
-        if output.status is None and self.spec is not None:
-            self.spec.emitted(s, tokens)
+        output = self.emitter.tokens(s, tokens, now, lp=lp, in_kv=False)
+        if output.status is None and self.speculator is not None:
+            self.speculator.emitted(s, tokens)
         return output
 
     def _finished(self, s: Stream, error: str | None = None) -> None:
         """A stream has ended (the scheduler knows): the one place its caller and the speculator hear of it."""
         del self.streams[s.id]
-        if self.spec is not None:
-            self.spec.detach(s)
-        self.delivery.finish(s, error)
+        if self.speculator is not None:
+            self.speculator.detach(s)
+        self.emitter.finish(s, error)

@@ -103,8 +103,8 @@ class Grammars:
             self._shortest[text] = None if path is None else cost(path)
         return self._shortest[text]
 
-    def guides(self, text: str, n: int) -> list[Guide]:
-        """One matcher per stream of a request, from a compiled grammar."""
+    def states(self, text: str, n: int) -> list[GrammarState]:
+        """One grammar state (its own matcher) per stream of a request, from a compiled grammar."""
         import llguidance
 
         tok, closer = self.tokenizer(), self.closer()
@@ -112,13 +112,13 @@ class Grammars:
         window = max(WINDOW, 2 * (self.shortest(text) or 0))
         first = llguidance.LLMatcher(tok, text, log_level=0)
         return [
-            Guide(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token, closer, window)
+            GrammarState(first if i == 0 else first.deep_copy(), self.vocab.n_tokens, tok.eos_token, closer, window)
             for i in range(n)
         ]
 
 
 @dataclass(slots=True)
-class Guide:
+class GrammarState:
     """One stream's grammar state: the mask of its next token, and what the grammar forces after a token."""
 
     matcher: Any
@@ -207,20 +207,20 @@ class Guide:
         return [token, *self.advance(token)]
 
 
-def next_tokens(guide: Guide | None, sampler: Sampler, ctx: Context, row: int, left: int) -> list[int]:
+def next_tokens(grammar: GrammarState | None, sampler: Sampler, ctx: Context, row: int, left: int) -> list[int]:
     """A stream's next tokens from output row `row`: the sampled one (or its closing path's, near the budget),
     then those its grammar forces (the sampler records them too). left: tokens left in the stream's budget.
     GrammarFailed when the grammar cannot go on."""
-    if guide is None:
+    if grammar is None:
         return [sampler.sample(ctx, row)]
 
     def sample() -> int:
-        allowed = guide.allowed()
+        allowed = grammar.allowed()
         if not allowed.any():
             raise GrammarFailed("it allows no token here")
         return sampler.sample_masked(ctx, row, allowed)
 
-    tokens = guide.step(sample, sampler.accept, left)
+    tokens = grammar.step(sample, sampler.accept, left)
     for t in tokens[1:]:
         sampler.accept(t)
     return tokens

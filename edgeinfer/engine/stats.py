@@ -134,7 +134,7 @@ class StepStats(_Stats):
     decode_seconds: float = 0.0
 
 
-class SpecStats(_Stats):
+class SpeculationStats(_Stats):
     mode: str = "off"
     source: str | None = None  # ngram | draft
     error: str | None = None  # why speculation stopped, if it did
@@ -195,7 +195,7 @@ class EngineStats(_Stats):
     rate: RateStats = RateStats()
     latency: LatencyStats = LatencyStats()
     steps: StepStats = StepStats()
-    spec: SpecStats = SpecStats()
+    spec: SpeculationStats = SpeculationStats()
     streams: list[StreamRow] = []
 
 
@@ -210,7 +210,7 @@ class EngineView:
     sched: Scheduler
     metrics: Metrics
     streams: list[Stream]  # running and waiting streams
-    spec: SpecStats
+    spec: SpeculationStats
     cache: CacheStats | None  # None without KV cache tiers
 
 

@@ -1,7 +1,7 @@
 """What a step is made of: streams and their status, requests, batch items, the plan and the outputs.
 
 Plain dataclasses shared by the scheduler (which makes plans), the engine (which runs
-them), delivery (which turns tokens into a caller's events) and speculation; no behaviour
+them), the emitter (which turns tokens into a caller's events) and speculation; no behaviour
 beyond a few derived figures. A Stream is the one record of a stream, from submit to its
 Finish event: each of those parts reads and writes its own fields of it.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the caller's side of a stream; the scheduler never reads it
-    from edgeinfer.engine.grammar import Guide
+    from edgeinfer.engine.grammar import GrammarState
     from edgeinfer.engine.handle import StreamHandle
     from edgeinfer.engine.text import TextStream
     from edgeinfer.events import TokenLogprob
@@ -36,13 +36,21 @@ class Status(enum.IntEnum):
     def finished(self) -> bool:
         return self >= Status.STOPPED
 
+    @property
+    def reason(self) -> str:
+        """How a finished stream ended, as its Finish event says it: stop, length, cancelled or error."""
+        return _REASONS[self]
+
+
+_REASONS = {Status.STOPPED: "stop", Status.LENGTH: "length", Status.CANCELLED: "cancelled", Status.ERROR: "error"}
+
 
 @dataclass(slots=True, eq=False)
 class Stream:
     """One generation stream, from submit to its Finish event: one sequence id in the KV cache while it runs.
 
     The scheduler makes it (Scheduler.add) and owns the fields up to share_len; the engine sets
-    the caller's side at submit, before the stream is scheduled; delivery and speculation read
+    the caller's side at submit, before the stream is scheduled; the emitter and speculation read
     and update their own fields."""
 
     id: int
@@ -68,7 +76,7 @@ class Stream:
     t_first: float = 0.0  # the first token's time, 0.0 before it
     t_last: float = 0.0
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    guide: Guide | None = None  # the stream's grammar, if its request has one
+    grammar: GrammarState | None = None  # the stream's grammar, if its request has one
     error: str | None = None  # why the stream ended with an error, when the step found out
     # Speculation (edgeinfer.speculative): its state where the stream drafts, and its counts.
     drafting: Drafting | None = None

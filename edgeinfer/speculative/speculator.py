@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeinfer.engine.scheduler import BatchItem, Stream
-from edgeinfer.engine.stats import SpecStats
+from edgeinfer.engine.stats import SpeculationStats
 from edgeinfer.llamacpp import Context, ContextParams, Model
 from edgeinfer.options import EngineConfig
 from edgeinfer.speculative.control import Acceptance, Candidate, Controller, Gate
@@ -26,7 +26,7 @@ PRIOR_ALPHA = {"ngram": 0.5, "draft": 0.7}
 
 
 @dataclass(slots=True)
-class SpecCounters:
+class SpeculationCounters:
     """Totals for stats and /metrics."""
 
     max_draft: int
@@ -69,7 +69,7 @@ class Speculator:
         self.max_draft = config.spec_max
         self.controller = Controller(config.spec_max)
         self.gate = Gate()
-        self.counters = SpecCounters(config.spec_max)
+        self.counters = SpeculationCounters(config.spec_max)
         self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
         self.enabled = True  # False: no drafts (the benchmark compares both on one engine); verification goes on
 
@@ -203,9 +203,9 @@ class Speculator:
         if st is not None and st.ngram is not None:
             st.ngram.extend(tokens)
 
-    def stats(self) -> SpecStats:
+    def stats(self) -> SpeculationStats:
         c = self.counters
-        return SpecStats(
+        return SpeculationStats(
             mode=self.mode,
             source=self.source,
             drafted=c.drafted,

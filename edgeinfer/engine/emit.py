@@ -1,6 +1,6 @@
-"""Delivery: on the engine thread, each stream's new tokens become its caller's events.
+"""Emitter: on the engine thread, each stream's new tokens become its caller's events.
 
-Delivery turns a stream's tokens into text (stop strings, UTF-8), Chunk and Finish events
+The Emitter turns a stream's tokens into text (stop strings, UTF-8), Chunk and Finish events
 and its figures, and says where the stream ends; events for asyncio handles are gathered in
 an Outbox and handed to each loop once per step, not once per token, so a busy step costs
 the event loop one wake-up.
@@ -18,11 +18,10 @@ from edgeinfer.engine.step import Status, StepOutput, Stream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.llamacpp import Vocab
 
-FINISH_REASONS = {Status.STOPPED: "stop", Status.LENGTH: "length", Status.CANCELLED: "cancelled", Status.ERROR: "error"}
 
-
-class Delivery:
-    """The delivery of streams' tokens to their callers; engine thread, under its lock."""
+class Emitter:
+    """Emits streams' tokens as their callers' Chunk and Finish events, and says where a stream ends; engine
+    thread, under its lock."""
 
     def __init__(self, vocab: Vocab, metrics: Metrics) -> None:
         self.vocab = vocab
@@ -60,9 +59,9 @@ class Delivery:
         s.t_last = now
         index, t = s.index, now - s.t_submit
         if self.vocab.is_eog(token) and (
-            s.guide is not None or not s.params.ignore_eos
+            s.grammar is not None or not s.params.ignore_eos
         ):  # a grammar's end is the end; one the budget steered it to says so
-            return Status.LENGTH if s.guide is not None and s.guide.steered else Status.STOPPED
+            return Status.LENGTH if s.grammar is not None and s.grammar.steered else Status.STOPPED
         delta = s.text.feed(self.vocab.piece(token))
         if s.text.stopped:
             if delta:
@@ -90,11 +89,11 @@ class Delivery:
             draft_accepted=s.n_accepted,
         )
         self.metrics.prompt_tokens += s.n_prompt
-        if s.guide is not None:
+        if s.grammar is not None:
             self.metrics.constrained_tokens += n_gen
-            self.metrics.forced_tokens += s.guide.forced
+            self.metrics.forced_tokens += s.grammar.forced
         s.sampler.close()
-        reason = FINISH_REASONS[s.status]
+        reason = s.status.reason
         self.metrics.finish(reason)
         gen = s.tokens[s.n_prompt :]
         finish = Finish(s.index, reason, s.text.text, gen, stats, s.logprobs or None, error or s.error)
