@@ -121,7 +121,6 @@ class ChatTemplate:
     """Renders a list of {role, content} messages with a model's template."""
 
     def __init__(self, source: str | None, bos: str = "", eos: str = "") -> None:
-        self.is_fallback = source is None
         self.source = source or CHATML
         try:
             self._tmpl = environment().from_string(self.source)
