@@ -50,9 +50,9 @@ def test_greedy_ngram_speculation_equals_no_speculation(model_path, baseline, mo
     _, stats = run_all(
         EngineConfig(model=model_path, spec=mode, **EXACT), SamplingParams(temperature=0, max_tokens=80), baseline
     )
-    assert stats.drafted > 0 and stats.accepted <= stats.drafted
-    if mode == "ngram":  # auto drafts as measured timings decide: once it drafted 8 tokens, none of them kept
-        assert stats.accepted > 0
+    assert stats.accepted <= stats.drafted
+    if mode == "ngram":  # auto drafts as measured timings decide: on a loaded machine, once not at all in 240 tokens
+        assert stats.drafted > 0 and stats.accepted > 0
 
 
 def test_greedy_draft_model_speculation_equals_no_speculation(model_path, baseline):
