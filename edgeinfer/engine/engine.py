@@ -41,7 +41,9 @@ from edgeinfer.errors import EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
 from edgeinfer.formats import reasoning, select
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
-from edgeinfer.options import EngineConfig, SamplingParams, parse_shares
+from edgeinfer.llamacpp.rpc import place_for
+from edgeinfer.models.gguf import read_gguf
+from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.speculative.speculator import Speculator
 
 
@@ -69,8 +71,8 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_path = config.model
-        shares = parse_shares(config.tensor_split) if config.tensor_split else None
-        self.model = Model(config.model, gpu_layers=config.gpu_layers, rpc=config.rpc, tensor_split=shares)
+        placement = place_for(config, read_gguf(config.model)) if config.rpc else None
+        self.model = Model(config.model, gpu_layers=config.gpu_layers, placement=placement)
         ctx_params = ContextParams(
             n_ctx=config.ctx_size,
             n_batch=config.batch_size,

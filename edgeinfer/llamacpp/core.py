@@ -11,7 +11,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp as C
 import numpy as np
@@ -152,25 +152,32 @@ class Vocab:
         return C.llama_vocab_get_text(self.handle(), token).decode("utf-8", errors="replace")
 
 
+class Placement(Protocol):
+    """A model's layers over devices, as llama.cpp's model parameters (rpc.Placement)."""
+
+    n_gpu_layers: int
+    shares: list[Any]
+
+    def apply(self, params: Any) -> None: ...
+
+
 class Model:
     """A loaded GGUF model. Validates the file in Python before llama.cpp opens it."""
 
-    def __init__(self, path: str | Path, gpu_layers: int = 0, use_mmap: bool = True, rpc: str | None = None,
-                 tensor_split: list[float] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, path: str | Path, gpu_layers: int = 0, use_mmap: bool = True, placement: Placement | None = None
+    ) -> None:
         init_backend()
         self.path = Path(path).expanduser()
         self.info = read_gguf(self.path)
         params = C.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         params.use_mmap = use_mmap
-        self.placement: Any = None  # with workers: which device holds which layers (rpc.Placement)
-        if rpc:
-            from edgeinfer.llamacpp.rpc import place
-            from edgeinfer.options import parse_endpoints
-
-            self.placement = place(parse_endpoints(rpc), self.info, tensor_split)
-            self.placement.apply(params)
-            gpu_layers = self.placement.n_gpu_layers
+        # With workers: which device holds which layers (rpc.place_for decides it before the load).
+        self.placement = placement
+        if placement is not None:
+            placement.apply(params)
+            gpu_layers = placement.n_gpu_layers
         self._h = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._h:
             raise ModelLoadError(
