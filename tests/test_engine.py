@@ -28,7 +28,7 @@ def test_packed_streams_match_one_at_a_time(model_path):
         alone = [eng.generate(p, GREEDY) for p in prompts]
         handles = [eng.submit(p, GREEDY)[0] for p in prompts]
         packed = [h.result() for h in handles]
-        # How often they agree in full is measured by scripts/packed_vs_alone.py (README).
+        # How often they agree in full is measured by scripts/packed_vs_alone.py (docs/testing.md).
         for a, b, p in zip(alone, packed, prompts, strict=True):
             assert_same_or_near_tie(a, b, eng, p)
         # Which steps the prompts share depends on when each arrives, so a second packed run
@@ -87,7 +87,7 @@ def test_seed_makes_sampling_reproducible(engine, model_path):
     A prompt restored from the cache computes its last token alone where the cold run computed
     it in the prompt's batch; llama.cpp's CPU kernels round the two batch shapes differently
     (0.16 nats on this prompt's first token), so a cold run and a warm one may part at
-    temperature > 0, as packed and alone runs may (README, Packed and alone).
+    temperature > 0, as packed and alone runs may (docs/testing.md).
     """
     params = SamplingParams(temperature=0.9, max_tokens=24, seed=1234)
     warm = [engine.generate(chat(engine, "Tell me a story."), params) for _ in range(3)]
