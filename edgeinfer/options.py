@@ -81,7 +81,8 @@ class EngineConfig(Options):
     model: Path = Field(
         None,  # type: ignore[assignment]  # resolved to the default model's path
         validate_default=True,
-        description="GGUF file or catalog name [default: SmolLM2-135M-Instruct Q4_1].",
+        description="GGUF file, catalog name, a model another tool downloaded (qwen2.5:0.5b), or a Hub repo "
+        "owner/repo[:QUANT], pulled on first use [default: SmolLM2-135M-Instruct Q4_1].",
         json_schema_extra=_cli("-m"),
     )
     parallel: int = Field(8, ge=1, le=128, description="Streams decoded together.", json_schema_extra=_cli("-p"))
