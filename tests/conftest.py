@@ -191,3 +191,32 @@ def grammar_takes(grammars, source: str, text: str) -> bool:
     )
     tokens = vocab.tokenize(text, add_special=False, parse_special=False)
     return matcher.consume_tokens(tokens) and matcher.is_accepting()
+
+
+def rewrite_gguf(src: Path, dst: Path, drop: tuple[str, ...] = (), add: Any = None, **writer_kw: Any) -> Any:
+    """Copy the GGUF at src to dst with gguf's own reader and writer: every key but those in `drop` (and
+    those the writer adds itself), then `add(writer)` for new ones, then the tensors. writer_kw go to
+    GGUFWriter (split_max_tensors=N writes parts, with the split keys llama.cpp reads). Returns the reader."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(dst, arch, endianess=reader.endianess, **writer_kw)
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == gguf.Keys.General.ARCHITECTURE or f.name in drop:
+            continue
+        kind = f.types[0]
+        writer.add_key_value(
+            f.name, f.contents(), kind, sub_type=f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        )
+    if add is not None:
+        add(writer)
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+    return reader

@@ -21,6 +21,7 @@ import pytest
 from edgeinfer.errors import HubNotFoundError
 from edgeinfer.models.hub import HubRef, choose, parse_ref, quant_of
 
+from .conftest import rewrite_gguf
 from .fakehub import FakeHub
 
 EDGEINFER = str(Path(sys.executable).parent / "edgeinfer")
@@ -34,24 +35,7 @@ GEN = ["--max-tokens", "8", "--temperature", "0", "-p", "1", "-c", "512"]
 def split_copy(src: Path, dst: Path) -> list[Path]:
     """The GGUF at src rewritten as two parts, dst's stem + -0000k-of-00002.gguf (gguf's writer adds the
     split.no / split.count / split.tensors.count keys llama.cpp reads, as gguf-split does)."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
-    writer = gguf.GGUFWriter(dst, arch, endianess=reader.endianess, split_max_tensors=len(reader.tensors) // 2 + 1)
-    for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == gguf.Keys.General.ARCHITECTURE:
-            continue
-        kind = f.types[0]
-        writer.add_key_value(
-            f.name, f.contents(), kind, sub_type=f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        )
-    for t in reader.tensors:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in reader.tensors:
-        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-    writer.close()
+    rewrite_gguf(src, dst, split_max_tensors=len(gguf.GGUFReader(src).tensors) // 2 + 1)
     return sorted(dst.parent.glob(f"{dst.stem}-*-of-*.gguf"))
 
 

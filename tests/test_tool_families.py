@@ -24,7 +24,7 @@ from edgeinfer.client import anthropic_client, async_client, client
 from edgeinfer.formats.base import ToolFormat, ToolSpec
 from edgeinfer.formats.select import FAMILIES as KNOWN_FAMILIES
 
-from .conftest import stop_process
+from .conftest import rewrite_gguf, stop_process
 from .test_server import raw, start_server
 
 MODEL = "default"
@@ -111,25 +111,9 @@ class Family:
 
 def with_template(src: Path, dst: Path, template: str) -> tuple[str, str]:
     """Copy the GGUF at src to dst with its chat template replaced; the BOS and EOS tokens' texts."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
-    writer = gguf.GGUFWriter(dst, arch, endianess=reader.endianess)
-    for f in reader.fields.values():
-        # The writer adds the header fields and the architecture itself.
-        if f.name.startswith("GGUF.") or f.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.Tokenizer.CHAT_TEMPLATE):
-            continue
-        kind = f.types[0]
-        sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(f.name, f.contents(), kind, sub_type=sub)
-    writer.add_chat_template(template)
-    for t in reader.tensors:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in reader.tensors:
-        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-    writer.close()
+    reader = rewrite_gguf(
+        src, dst, drop=(gguf.Keys.Tokenizer.CHAT_TEMPLATE,), add=lambda writer: writer.add_chat_template(template)
+    )
     tokens = reader.get_field(gguf.Keys.Tokenizer.LIST)
     bos = reader.get_field(gguf.Keys.Tokenizer.BOS_ID).contents()
     eos = reader.get_field(gguf.Keys.Tokenizer.EOS_ID).contents()
