@@ -174,7 +174,9 @@ def check(case: Case, text: str) -> str | None:
     except json.JSONDecodeError as e:
         return f"not JSON: {e}"
     try:
-        jsonschema.validate(value, case.schema, format_checker=jsonschema.FormatChecker())
+        # The schema's own draft's checker: the generic FormatChecker judges "time" by draft 3's rules.
+        validator = jsonschema.validators.validator_for(case.schema, default=jsonschema.Draft202012Validator)
+        jsonschema.validate(value, case.schema, format_checker=validator.FORMAT_CHECKER)
     except jsonschema.ValidationError as e:
         return f"invalid: {e.message}"
     return None

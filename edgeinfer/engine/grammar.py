@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.engine import datetimes
 from edgeinfer.engine.closing import CLOSING_TAGS, SEARCH, WINDOW, Closer, Step, cost
 from edgeinfer.errors import RequestError
 from edgeinfer.llamacpp import Context, Sampler, Vocab
@@ -267,7 +268,7 @@ def closed(schema: Any) -> Any:
         return [closed(v) for v in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: v if k in DATA_KEYWORDS else closed(v) for k, v in schema.items()}
+    out = datetimes.exact({k: v if k in DATA_KEYWORDS else closed(v) for k, v in schema.items()})
     if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
     kinds = out.get("type")
