@@ -59,9 +59,9 @@ dist/edgeinfer: $(STAMP) $(BINARY_SOURCES)
 test: $(STAMP) dist/edgeinfer
 	$(PY) -m pytest -q
 
-# The pure tests only (no model loaded): the inner loop, in seconds.
+# The pure tier only (no model may load: tests/conftest.py): the inner loop, in seconds.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not model"
+	$(PY) -m pytest -q --tier pure
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

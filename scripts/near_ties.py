@@ -11,14 +11,19 @@ reports how far the gap between two of a row's top candidates moved. Used by the
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgeinfer.engine import Engine, make_engine
 from edgeinfer.llamacpp import ggml
-from edgeinfer.llamacpp.core import Batch, Context, Model
+from edgeinfer.llamacpp.core import Batch, Context, Model, build_identity
 from edgeinfer.options import ContextParams, EngineConfig, SamplingParams
 
 # A parting is accepted where the reference's gap is within the measured drift times this: the drift is
@@ -60,7 +65,46 @@ class Drift:
         )
 
 
-def measure_drift(config: EngineConfig, prompts: list[list[int]], n_tokens: int = 48) -> Drift:
+def measure_drift(
+    config: EngineConfig, prompts: list[list[int]], n_tokens: int = 48, cache_dir: Path | None = None
+) -> Drift:
+    """The drift, read from cache_dir when this very measurement was made before (see drift_key), else
+    measured (about 20 s on 2 cores) and, with cache_dir, kept there."""
+    path = cache_dir / f"{drift_key(config, prompts, n_tokens)}.json" if cache_dir is not None else None
+    if path is not None:
+        try:
+            return Drift(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass
+    drift = _measure_drift(config, prompts, n_tokens)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(drift)))
+        tmp.replace(path)
+    return drift
+
+
+def drift_key(config: EngineConfig, prompts: list[list[int]], n_tokens: int) -> str:
+    """What a drift measurement depends on, hashed: llama.cpp's libraries and the CPU kernels this process
+    loaded, the model file, the numerics settings, the prompts, and this file's code. llama.cpp is
+    deterministic for a given build, kernels, model and batch shape, so an equal key is an equal result."""
+    model = Path(config.model).stat()
+    parts = {
+        "llama_cpp": build_identity(),
+        "variant": ggml.loaded_cpu_variant(),
+        "cores": os.cpu_count(),
+        "model": (str(config.model), model.st_size, model.st_mtime_ns),
+        "numerics": [config.flash_attn, config.kv_type, config.kv_layout, config.batch_size, config.ubatch_size],
+        "threads": [config.threads, config.threads_batch],
+        "prompts": prompts,
+        "tokens": n_tokens,
+        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _measure_drift(config: EngineConfig, prompts: list[list[int]], n_tokens: int) -> Drift:
     """Teacher-forced: each prompt's greedy continuation evaluated one token at a time (the reference),
     then the same positions in the shapes the engine batches them in: chunks of one stream's rows
     (speculative verification), the whole text in one batch (a cold prefill), and one row of each
@@ -154,7 +198,7 @@ def _run(ctx: Context, batch: Batch, parts: list[tuple[int, list[int], int, int]
 
 
 def check_greedy_texts(
-    texts: dict[str, set[str]], flash_attn: str, max_tokens: int
+    texts: dict[str, set[str]], flash_attn: str, max_tokens: int, drift_cache: Path | None = None
 ) -> tuple[list[str], list[float], Drift]:
     """Every distinct greedy answer the soak saw, against the prompt's greedy answer computed alone.
 
@@ -169,7 +213,8 @@ def check_greedy_texts(
     failures: list[str] = []
     gaps: list[float] = []
     with make_engine(config) as eng:
-        drift = measure_drift(config, [eng.chat_prompt([{"role": "user", "content": p}]) for p in list(texts)[:4]])
+        prompts = [eng.chat_prompt([{"role": "user", "content": p}]) for p in list(texts)[:4]]
+        drift = measure_drift(config, prompts, cache_dir=drift_cache)
         for prompt, answers in texts.items():
             for text in answers:
                 prompt_ids = eng.chat_prompt([{"role": "user", "content": prompt}])

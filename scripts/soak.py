@@ -179,10 +179,10 @@ async def in_flight_at_sigterm(soak: Soak, proc: subprocess.Popen[str], streams:
     return ends
 
 
-def recheck(path: Path, flash_attn: str) -> int:
+def recheck(path: Path, flash_attn: str, drift_cache: Path | None) -> int:
     """--check-answers: the near-tie check alone, on answers a soak saved."""
     texts = {p: set(t) for p, t in json.loads(path.read_text()).items()}
-    ties, gaps, drift = check_greedy_texts(texts, flash_attn, GREEDY_TOKENS)
+    ties, gaps, drift = check_greedy_texts(texts, flash_attn, GREEDY_TOKENS, drift_cache)
     print(f"{sum(map(len, texts.values()))} answers; parting other than at near-ties: {len(ties)}")
     for line in ties[:10]:
         print(f"  {line}")
@@ -210,9 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--strict-text", action="store_true", help="fail, not only report, on stream/whole differences")
     ap.add_argument("--check-answers", type=Path, help="only check the greedy answers a soak saved (its JSON)")
+    ap.add_argument(
+        "--drift-cache", type=Path, help="keep the near-tie check's drift measurement here and reuse it (near_ties.py)"
+    )
     args = ap.parse_args(argv)
     if args.check_answers:
-        return recheck(args.check_answers, args.flash_attn)
+        return recheck(args.check_answers, args.flash_attn, args.drift_cache)
 
     sock = Path(tempfile.mkdtemp(prefix="soak-")) / "s.sock"
     cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--parallel", str(args.parallel)]
@@ -275,7 +278,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
         texts[p].add(t)
     answers_file = sock.parent / "greedy-answers.json"
     answers_file.write_text(json.dumps({p: sorted(t) for p, t in texts.items()}, indent=1))
-    ties, gaps, drift = check_greedy_texts(texts, args.flash_attn, GREEDY_TOKENS)
+    ties, gaps, drift = check_greedy_texts(texts, args.flash_attn, GREEDY_TOKENS, args.drift_cache)
     checks["every greedy answer equals the alone one, or parts from it only at near-ties"] = not ties
     if args.strict_text:
         checks["streamed text == whole text (greedy)"] = not mismatched

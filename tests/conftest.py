@@ -1,32 +1,45 @@
-"""Shared fixtures: the default model (never skipped: a missing model fails the install check).
+"""Shared fixtures, the test tiers, and the servers shared across modules.
 
-Tests that load a model carry the `model` marker (set here from their fixtures or module);
-`make test-fast` runs the rest, the pure tests, in seconds. `make test` runs everything.
+Two tiers, declared by every module (`pytestmark = pytest.mark.pure` or `pytest.mark.model`; a test
+may carry the other tier's marker itself): `pure` tests load no model and run in seconds
+(`make test-fast`, `pytest --tier pure`); `model` tests load the default model (never skipped: a
+missing model fails the install check). A pure test that loads a model anyway fails: llama.cpp's
+loader refuses while one runs (EDGEINFER_NO_MODELS, read by edgeinfer.llamacpp.core.Model, and
+inherited by any process the test starts). `make test` runs both.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import make_engine
 from edgeinfer.llamacpp import ggml
-from edgeinfer.llamacpp.core import init_backend
+from edgeinfer.llamacpp.core import NO_MODELS_ENV, init_backend
 from edgeinfer.models.catalog import default_model_path
-from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.options import EngineConfig
 
-# Modules whose every test loads the model, and fixtures that load it.
-MODEL_MODULES = {"test_llama_cpp_python", "test_cli", "test_engine", "test_prefix_engine", "test_server", "test_spec"}
-MODEL_FIXTURES = {"model_path", "engine", "server", "servers", "oai", "runner", "any_server", "server_spec_off"}
+from . import gate
+
+TIERS = ("pure", "model")
+# Fixtures that load a model (or start a server that does): a pure test may not ask for them.
+MODEL_FIXTURES = {"engine", "server", "server_spec_off"}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--tier", choices=(*TIERS, "all"), default="all", help="run one tier: pure (no model loaded) or model"
+    )
 
 
 def pytest_report_header(config):
@@ -41,13 +54,48 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "model: loads the default model (deselect with -m 'not model')")
+    config.addinivalue_line("markers", "pure: loads no model (make test-fast runs these alone, in seconds)")
+    config.addinivalue_line("markers", "model: loads the default model")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The test's own tier marker, else its module's; a module that declares none is an error."""
+    own = [m.name for m in item.own_markers if m.name in TIERS]
+    marks = getattr(item.module, "pytestmark", [])
+    module = [m.name for m in (marks if isinstance(marks, list) else [marks]) if m.name in TIERS]
+    if len(module) != 1:
+        raise pytest.UsageError(
+            f"{item.module.__name__} declares {len(module)} tiers: every test module sets "
+            "pytestmark = pytest.mark.pure (no model loaded) or pytest.mark.model"
+        )
+    return own[-1] if own else module[0]
 
 
 def pytest_collection_modifyitems(config, items):
+    wanted = config.getoption("--tier")
+    keep, drop = [], []
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in MODEL_MODULES or MODEL_FIXTURES & set(item.fixturenames):
-            item.add_marker(pytest.mark.model)
+        tier = tier_of(item)
+        uses = MODEL_FIXTURES & set(item.fixturenames)
+        if tier == "pure" and uses:
+            raise pytest.UsageError(f"{item.nodeid} is in the pure tier but uses {sorted(uses)}: mark it model")
+        item.user_properties.append(("tier", tier))
+        (keep if wanted in ("all", tier) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """While a pure test runs (set-up and tear-down included), llama.cpp's loader refuses to load a model."""
+    pure = ("tier", "pure") in item.user_properties
+    if pure:
+        os.environ[NO_MODELS_ENV] = f"{item.nodeid} is a pure test: mark it model if it needs one"
+    try:
+        yield
+    finally:
+        os.environ.pop(NO_MODELS_ENV, None)
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +105,13 @@ def model_path():
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_references():
+    """The gate's reference engines (tests/gate.py) live for the session."""
+    yield
+    gate.close_references()
+
+
 @pytest.fixture(scope="module")
 def engine(model_path):
     eng = make_engine(EngineConfig(model=model_path, parallel=8, ctx_size=4096))
@@ -64,91 +119,55 @@ def engine(model_path):
     eng.close()
 
 
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-
-# The near-tie rule lives with the soak's check (scripts/near_ties.py): partings are accepted only
-# within the drift that batch shapes cause, measured on this machine's CPU variant.
-_spec = importlib.util.spec_from_file_location(
-    "near_ties", Path(__file__).resolve().parent.parent / "scripts" / "near_ties.py"
-)
-assert _spec and _spec.loader
-near_ties = sys.modules["near_ties"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(near_ties)
-
-# Texts whose logits the drift is measured on: short chats and a long system prompt (wider attention).
-DRIFT_PROMPTS = [
-    "List the days of the week, then list them again.",
-    "Write a long story about a baker who travels the world.",
-    "Explain in two sentences why the sky is blue.",
-    "You answer questions about a bakery. Opening hours: 7 to 18 on weekdays, 8 to 14 on Saturdays, "
-    "closed on Sundays. Bread: sourdough, rye, baguette. Cakes: lemon, chocolate, carrot. Which cakes do you have?",
-]
-_drifts: dict[tuple[str, ...], Any] = {}
+def start_server(sock: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--ctx-size", "8192", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stderr.read()}")
+        try:
+            if raw(sock).get("/health").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("server did not become healthy in 60 s")
 
 
-def drift_of(engine: Engine) -> Any:
-    """near_ties.Drift for the engine's model and numerics settings, measured once a session (a few seconds)."""
-    cfg = engine.config.model_copy(update={"flash_attn": engine.ctx.flash_attn})
-    key = (str(cfg.model), cfg.flash_attn, cfg.kv_type, cfg.kv_layout)
-    if key not in _drifts:
-        _drifts[key] = near_ties.measure_drift(cfg, [chat(engine, p) for p in DRIFT_PROMPTS], n_tokens=64)
-    return _drifts[key]
+def raw(sock: Path, timeout: float = 120, **kw) -> httpx.Client:
+    transport = httpx.HTTPTransport(uds=str(sock))
+    return httpx.Client(transport=transport, base_url="http://edgeinfer", timeout=timeout, **kw)
 
 
-def chat(engine: Engine, text: str) -> list[int]:
-    return engine.chat_prompt([SYSTEM, {"role": "user", "content": text}])
+# Servers shared by every module that runs with the same options: started on first use, stopped at the
+# session's end. Modules that need other options (an API key, a template, several models) start their own.
+SHARED_SERVERS = {
+    # test_server, test_tools, test_utility, test_responses (each started its own before, with 4 to 16 streams)
+    "server": ("--parallel", "8"),
+    # test_tools' validity sweeps without speculation
+    "server_spec_off": ("--parallel", "8", "--spec", "off"),
+}
 
 
-def assert_same_or_near_tie(ref, other, engine: Any, prompt: list[int], tie_nats: float | None = None) -> bool:
-    """other's greedy tokens equal ref's, or part from them only where ref's top two nearly tied.
-
-    ref must have been generated greedily with logprobs >= 5; other comes from `engine`, the
-    engine under test, given `prompt`. A near-tie is a gap the measured drift of batch shapes on
-    this CPU could close (drift_of; tie_nats overrides it for scripted engines), so a parting
-    elsewhere is a fault of the engine, not rounding. Past an accepted near-tie the comparison goes
-    on by teacher forcing: the engine continues from prompt + ref's tokens up to and including ref's
-    choice at the tie, and that continuation must match the rest of ref the same way, so a later,
-    real divergence still fails. The near-ties passed are bounded per length of text
-    (near_ties.max_forced). Returns True when identical without forcing.
-
-    Measured on an AMD EPYC with AVX2 (haswell kernels, flash attention off, 1,474 rows of four chats):
-    a row packed one per stream with other streams was bit-identical to the row alone; any batch with
-    two or more rows of one stream (2 to 17 rows, or a whole prefill) moved a top candidate towards
-    the best by up to 0.62 nats (p99 0.47), so partings there are accepted below 0.93 nats. The fixed
-    0.5 nats this replaced failed a 0.532-nat parting of n-gram speculation on that CPU.
-    """
-    rule = f"near-tie below {tie_nats:.3f} nats" if tie_nats is not None else str(drift_of(engine))
-    tie_nats = tie_nats if tie_nats is not None else drift_of(engine).tie_nats
-    want, got, start = ref.token_ids, other.token_ids, 0  # got stands for want[start:]
-    budget = near_ties.max_forced(len(want))
-    for forced in range(budget + 1):
-        i = first_difference(want[start:], got)
-        if i is None:
-            return forced == 0
-        at = start + i
-        top = {t: lp for t, _, lp in ref.logprobs[at].top}
-        assert got[i] in top, f"at token {at} the other run chose a token outside the reference's top five"
-        gap = top[want[at]] - top[got[i]]
-        assert gap < tie_nats, f"runs part at token {at} where the reference was confident (gap {gap:.3f} nats; {rule})"
-        start = at + 1
-        if start == len(want):
-            return False
-        params = SamplingParams(temperature=0, max_tokens=len(want) - start)
-        got = engine.generate(list(prompt) + list(want[:start]), params).token_ids
-    raise AssertionError(
-        f"more than {budget} near-ties in {len(want)} tokens; the last forced run parted at token {at} ({rule})"
-    )
+def _shared_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Any:
+    sock = tmp_path_factory.mktemp(name) / "edgeinfer.sock"
+    proc = start_server(sock, *SHARED_SERVERS[name])
+    yield sock
+    stop_process(proc)
 
 
-def first_difference(want: list[int], got: list[int]) -> int | None:
-    """Where two token lists first differ; None if equal. Equal up to where one stops fails."""
-    i = next((i for i, (x, y) in enumerate(zip(want, got, strict=False)) if x != y), None)
-    if i is None:
-        assert len(want) == len(got), (
-            f"one run is a prefix of the other ({len(want)} vs {len(got)} tokens): they stopped at "
-            "different lengths without parting"
-        )
-    return i
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """`edgeinfer serve --parallel 8` (speculation auto), shared by the modules that need no other options."""
+    yield from _shared_server(tmp_path_factory, "server")
+
+
+@pytest.fixture(scope="session")
+def server_spec_off(tmp_path_factory):
+    """`edgeinfer serve --parallel 8 --spec off`, shared."""
+    yield from _shared_server(tmp_path_factory, "server_spec_off")
 
 
 def stop_process(proc: subprocess.Popen) -> None:

@@ -22,6 +22,8 @@ from edgeinfer.bench.apis import messages_body, parse_apis, responses_body
 from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError
 
+pytestmark = pytest.mark.pure
+
 WORDS = ["one", " two", " three", " four", " five", " six"]
 SEEN: list[tuple[str, dict, dict]] = []  # (path, body, headers) of every request the scripted server got
 

@@ -24,6 +24,8 @@ from edgeinfer.cli import main
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig
 
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -252,6 +254,7 @@ def test_serve_and_chat_start_from_the_settings_file(command, tmp_path, monkeypa
 # --- --quality on the real model ------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_quality_of_a_configuration_against_itself(runner, model_path):
     """Teacher forcing on the reference's own settings must agree almost everywhere: only batch-shape
     rounding at near-ties can part them. A misaligned position would drop this towards zero."""
@@ -266,6 +269,7 @@ def test_quality_of_a_configuration_against_itself(runner, model_path):
     assert "settings are the same" in result.stderr
 
 
+@pytest.mark.model
 def test_quality_of_a_quantized_kv_cache(runner, model_path):
     args = ["bench", "--quality", "--model", str(model_path), "--kv-type", "q4_0", "--max-tokens", "24"]
     result = runner.invoke(main, [*args, "--ctx-size", "4096"])
@@ -278,6 +282,7 @@ def test_quality_of_a_quantized_kv_cache(runner, model_path):
 # --- --tune on the real model -----------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_tune_writes_settings_that_serve_reads(runner, tmp_path, monkeypatch):
     path = tmp_path / "config.toml"
     monkeypatch.setenv(settings_file.ENV, str(path))
@@ -295,6 +300,7 @@ def test_tune_writes_settings_that_serve_reads(runner, tmp_path, monkeypatch):
 # --- the json workload and tool-call validity, on the real model -----------------------------
 
 
+@pytest.mark.model
 def test_json_workload_runs_both_sides_and_checks_every_answer(model_path):
     from edgeinfer.bench.jsonload import print_json_bench, run_json_bench
     from edgeinfer.engine import make_engine
@@ -310,6 +316,7 @@ def test_json_workload_runs_both_sides_and_checks_every_answer(model_path):
     assert lines[-1].split()[0] == "2" and lines[-1].split()[-1] == "3/3"
 
 
+@pytest.mark.model
 def test_agent_tool_validity_counts_valid_calls(model_path, monkeypatch):
     from edgeinfer.bench import targets as targets_module
     from edgeinfer.bench.command import _tool_validity

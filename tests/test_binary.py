@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from . import gate
+
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,9 +70,12 @@ def test_generate_gives_the_virtualenv_install_greedy_text(home):
         [sys.executable, "-m", "edgeinfer.cli", *args], capture_output=True, text=True, timeout=300, cwd=home
     )
     assert installed.returncode == 0, installed.stderr
-    assert frozen.stdout == installed.stdout and frozen.stdout.strip()
     again = run(home, *args)  # a second start runs the unpacked copy
-    assert again.returncode == 0 and "unpacking" not in again.stderr and again.stdout == frozen.stdout
+    assert again.returncode == 0 and "unpacking" not in again.stderr
+    # The same llama.cpp, the same kernels: each is the greedy answer (speculation may draft in any of them).
+    for out in (frozen, installed, again):
+        assert out.stdout.strip()
+        gate.follows_greedy(out.stdout.removesuffix("\n"), [{"role": "user", "content": PROMPT}], 24)
 
 
 def test_model_path_takes_another_gguf(home, model_path, tmp_path):
@@ -88,7 +93,7 @@ def test_models_names_the_built_in_model(home):
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if "smollm2-135m-instruct-q4_1" in x)
     assert "built in" in line
-    assert f"present: {unpacked(home)}" in r.stdout
+    gate.contains(r.stdout, f"present: {unpacked(home)}")
 
 
 def healthy_client(proc: subprocess.Popen, sock: Path) -> httpx.Client:
@@ -228,7 +233,9 @@ def test_a_worker_from_the_binary_serves_a_model_split(home):
         worker.kill()
         worker.wait()
     assert split.returncode == 0, split.stderr
-    assert split.stdout == alone.stdout and split.stdout.strip()
+    for out in (split, alone):
+        assert out.stdout.strip()
+        gate.follows_greedy(out.stdout.removesuffix("\n"), [{"role": "user", "content": PROMPT}], 24)
 
 
 class Terminal:

@@ -22,7 +22,9 @@ from edgeinfer.formats.qwen3_coder import Qwen3Coder
 from edgeinfer.llamacpp.core import Model
 from edgeinfer.options import Grammar, SamplingParams
 
-from .conftest import chat
+from .gate import chat
+
+pytestmark = pytest.mark.model
 
 BUDGETS = (24, 32, 48)
 TOOLS = [
@@ -44,6 +46,7 @@ TOOLS = [
 PARAMS = {t.name: t.parameters for t in TOOLS}
 
 
+@pytest.mark.pure
 def test_ranks_put_ends_before_fillers():
     """A quote ends a string, brackets close, whole values fill, `,` moves on; signs, openers and spaces last."""
     order = [b'""', b'"}', b'"', b"]}", b"}", b"null", b", ", b"1", b"0", b"7", b"abc", b"\\u", b"-", b"\n", b""]

@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import llama_cpp
+import pytest
 
 from edgeinfer.llamacpp import ggml
+
+pytestmark = pytest.mark.pure
 
 LIB = Path(llama_cpp.__file__).parent / "lib"
 PROBE = "from edgeinfer.llamacpp import core, ggml; core.init_backend(); print(ggml.loaded_cpu_variant())"

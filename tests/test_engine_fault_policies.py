@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from edgeinfer.engine import faults
 from edgeinfer.engine.scheduler import Scheduler, Status
 from edgeinfer.engine.step import Stream
@@ -15,6 +17,8 @@ from edgeinfer.errors import RequestError
 from edgeinfer.options import EngineConfig
 
 from .test_scheduler import FakeKv
+
+pytestmark = pytest.mark.pure
 
 
 class FakeHost:

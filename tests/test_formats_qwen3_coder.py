@@ -17,6 +17,8 @@ from edgeinfer.llamacpp import Model
 
 from .conftest import grammar_takes as matches
 
+pytestmark = pytest.mark.pure
+
 TEMPLATES = Path(__file__).parent / "data" / "templates"  # where each came from: SOURCES.md there
 QWEN3_CODER = (TEMPLATES / "Qwen3-Coder.jinja").read_text()
 HERMES = (TEMPLATES / "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja").read_text()
@@ -183,6 +185,7 @@ def grammars(model_path):
     return Grammars(model.vocab), model.vocab
 
 
+@pytest.mark.model
 def test_the_forced_grammar_takes_written_calls_and_refuses_what_breaks_a_schema(grammars):
     fmt = Qwen3Coder(TOOLS)
     forced = fmt.grammar(TOOLS, required=True, parallel=True, answer="")
@@ -219,6 +222,7 @@ def test_the_forced_grammar_takes_written_calls_and_refuses_what_breaks_a_schema
     assert not matches(grammars, one, fmt.write_calls(good[:2]))
 
 
+@pytest.mark.model
 def test_the_auto_grammar_takes_an_answer_or_text_then_calls(grammars):
     fmt = Qwen3Coder(TOOLS)
     auto = fmt.grammar(TOOLS, required=False, parallel=True, answer=fmt.answer_rule(None))

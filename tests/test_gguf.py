@@ -13,6 +13,8 @@ import pytest
 from edgeinfer.errors import ModelFileError
 from edgeinfer.models.gguf import read_gguf
 
+pytestmark = pytest.mark.pure
+
 # Types the hand-written reader's block table lacked: its truncation check counted them as 0 bytes.
 NEWER_TYPES = [
     gguf.GGMLQuantizationType.IQ4_XS,

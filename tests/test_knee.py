@@ -6,6 +6,8 @@ import pytest
 
 from edgeinfer.bench.knee import find_knee, gain_per_doubling
 
+pytestmark = pytest.mark.pure
+
 
 def test_gain_per_doubling():
     assert gain_per_doubling(1, 100, 2, 150) == pytest.approx(0.5)

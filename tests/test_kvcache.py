@@ -9,6 +9,8 @@ import pytest
 from edgeinfer.engine.disk import DiskTier
 from edgeinfer.engine.kvcache import KvStore
 
+pytestmark = pytest.mark.pure
+
 MiB = 1 << 20
 
 

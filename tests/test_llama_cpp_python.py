@@ -12,6 +12,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from . import gate
+
+pytestmark = pytest.mark.model
+
 SCRIPT = """
 import json, sys
 from llama_cpp import Llama
@@ -50,7 +56,7 @@ def test_edgeinfer_after_llama_in_one_process_loads_the_backends_once(model_path
     r = run_script(code, str(model_path))
     assert r.returncode == 0, r.stderr[-2000:]
     before = run_script("from edgeinfer.llamacpp import core, ggml; core.init_backend(); print(ggml.backend_count())")
-    assert r.stdout.split()[-1] == before.stdout.split()[-1], (r.stdout, before.stdout, before.stderr[-500:])
+    gate.written(r.stdout.split()[-1], before.stdout.split()[-1])  # a count of backends
 
 
 def test_the_wheel_patch_is_applied_once_and_keeps_the_record_true(tmp_path):

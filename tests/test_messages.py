@@ -18,8 +18,10 @@ from edgeinfer.server.messages import MessagesDialect, to_chat
 from edgeinfer.server.messages_schema import CountTokensRequest, MessagesRequest, ToolResultBlock
 from edgeinfer.server.output import Done, ReasoningDelta, TextDelta, ToolCall
 
-from .conftest import stop_process
-from .test_server import raw, start_server
+from . import gate
+from .conftest import raw, start_server, stop_process
+
+pytestmark = pytest.mark.model
 
 KEY = "k-messages"
 MODEL = "default"
@@ -39,6 +41,7 @@ def body(**kw):
     return MessagesRequest.model_validate({"model": MODEL, "max_tokens": 16, **kw})
 
 
+@pytest.mark.pure
 def test_a_conversation_with_tools_becomes_the_internal_chat_request():
     req = to_chat(
         body(
@@ -92,6 +95,7 @@ def test_a_conversation_with_tools_becomes_the_internal_chat_request():
     assert (req.stop, req.temperature, req.top_k, req.max_tokens) == (["END"], 0.5, 5, 16)
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     ("choice", "want"), [({"type": "any"}, "required"), ({"type": "auto"}, "auto"), ({"type": "none"}, "none")]
 )
@@ -100,6 +104,7 @@ def test_tool_choice_maps_onto_chat(choice, want):
     assert req.tool_choice == want and req.parallel_tool_calls is True  # Anthropic's default
 
 
+@pytest.mark.pure
 def test_output_config_format_is_chats_json_schema_response_format():
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     req = to_chat(
@@ -111,6 +116,7 @@ def test_output_config_format_is_chats_json_schema_response_format():
     assert req.response_format.type == "json_schema" and req.response_format.json_schema.schema_ == schema
 
 
+@pytest.mark.pure
 def test_a_tool_result_without_its_tool_use_is_refused():
     result = {"type": "tool_result", "tool_use_id": "toolu_x", "content": "42", "is_error": True}
     with pytest.raises(RequestError, match="toolu_x"):
@@ -136,6 +142,7 @@ def events_of(items):
     return out
 
 
+@pytest.mark.pure
 def test_streamed_text_and_a_tool_call_render_anthropics_event_sequence():
     d = MessagesDialect("m", prompt_tokens=10)
     call = ToolCall(0, 0, "call_abc", "get_weather", '{"city": "Paris"}')
@@ -174,6 +181,7 @@ def test_streamed_text_and_a_tool_call_render_anthropics_event_sequence():
     assert msg.id.startswith("msg_") and msg.stop_reason == "tool_use"
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(
     ("reason", "seq", "want"),
     [("stop", None, "end_turn"), ("length", None, "max_tokens"), ("stop_sequence", "END", "stop_sequence")],
@@ -184,6 +192,7 @@ def test_stop_reasons(reason, seq, want):
     assert (msg.stop_reason, msg.stop_sequence) == (want, seq)
 
 
+@pytest.mark.pure
 def test_reasoning_is_a_thinking_block_before_the_text():
     """Nothing emits ReasoningDelta yet (issue 28); its rendering is ready and parses in the SDK."""
     d = MessagesDialect("m")
@@ -196,6 +205,7 @@ def test_reasoning_is_a_thinking_block_before_the_text():
     assert [b.type for b in msg.content] == ["thinking", "text"] and msg.content[0].thinking == "Paris is the capital."
 
 
+@pytest.mark.pure
 def test_nothing_follows_an_error_event():
     d = MessagesDialect("m")
     items = d.start(1) + d.on(TextDelta(0, "par"))
@@ -247,7 +257,7 @@ def test_max_tokens_and_stop_sequences(claude):
     # "e" comes early in any English sentence; the answer says which of the stop strings matched.
     r = claude.messages.create(**kw, max_tokens=40, stop_sequences=["zebra crossing", "e"])
     assert (r.stop_reason, r.stop_sequence) == ("stop_sequence", "e")
-    assert "e" not in "".join(b.text for b in r.content)  # the text stops before the stop string
+    gate.absent("e", "".join(b.text for b in r.content))  # the text stops before the stop string
 
 
 def test_stream_deltas_equal_the_final_message(claude):
@@ -261,8 +271,11 @@ def test_stream_deltas_equal_the_final_message(claude):
                 deltas.append(ev.delta.text)
         final = stream.get_final_message()
     assert types[0] == "message_start" and types[-1] == "message_stop" and "message_delta" in types
-    assert "".join(deltas) == final.content[0].text == whole.content[0].text
-    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+    gate.one_generation(final.content[0].text, "".join(deltas))
+    # Two requests: the second is warm from the prefix cache and may part from the first at a near-tie.
+    for message in (whole, final):
+        assert message.stop_reason in ("end_turn", "max_tokens") and 0 < message.usage.output_tokens <= 24
+        gate.follows_greedy(message.content[0].text, kw["messages"], 24)
 
 
 def test_raw_stream_is_anthropics_event_sequence(server):
@@ -327,8 +340,8 @@ def test_streamed_input_json_delta_reassembles_the_input(claude, called):
                 partial.append(ev.delta.partial_json)
         final = s.get_final_message()
     [use] = [b for b in final.content if b.type == "tool_use"]
-    assert json.loads("".join(partial)) == use.input
-    assert use.input == next(b for b in called.content if b.type == "tool_use").input
+    gate.one_generation(use.input, json.loads("".join(partial)))
+    jsonschema.validate(use.input, WEATHER["input_schema"])  # as the whole answer's (called) is
     assert final.stop_reason == "tool_use" and use.id.startswith("toolu_")
 
 
@@ -494,6 +507,7 @@ def test_other_errors_and_the_server_still_serves(server, claude):
     assert claude.messages.create(model=MODEL, messages=HI, max_tokens=4, extra_body=GREEDY).content
 
 
+@pytest.mark.pure
 def test_a_failed_tool_result_tells_the_model_so():
     block = {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "no such city"}]}
     assert ToolResultBlock.model_validate({**block, "is_error": True}).text() == "Error: no such city"

@@ -28,8 +28,11 @@ from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.server.app import make_pool_app
 from edgeinfer.server.pool import ModelPool, ModelSpec, dir_models, model_specs
 
-from .conftest import SYSTEM, assert_same_or_near_tie, chat, stop_process
-from .test_server import raw, start_server
+from . import gate
+from .conftest import raw, start_server, stop_process
+from .gate import SYSTEM, chat, same_or_near_tie
+
+pytestmark = pytest.mark.pure
 
 # --- fake engines: the pool's rules without a model --------------------------------------------------
 
@@ -284,6 +287,7 @@ def test_metrics_label_each_loaded_model():
     )
 
 
+@pytest.mark.model
 def test_models_dir_takes_every_gguf_by_name(tmp_path, model_path):
     for name in ("b-model.gguf", "a-model.gguf", "mmproj-a.gguf", "big-00002-of-00002.gguf", "notes.txt"):
         (tmp_path / name).symlink_to(model_path)
@@ -297,6 +301,7 @@ def test_models_dir_takes_every_gguf_by_name(tmp_path, model_path):
     assert str(tmp_path / "b-model.gguf") in specs[0].aliases
 
 
+@pytest.mark.model
 def test_a_draft_model_drafts_for_the_others_not_for_itself(tmp_path, model_path):
     draft = tmp_path / "draft.gguf"
     draft.symlink_to(model_path)
@@ -347,12 +352,12 @@ def references(model_path, q8_model):
 
 def check_answer(references, model: str, prompt: str, text: str) -> None:
     """text is model's own greedy answer to prompt, as served alone; or parts from it only at a near-tie
-    that batch shapes on this CPU could turn (conftest.assert_same_or_near_tie)."""
+    that batch shapes on this CPU could turn (conftest.same_or_near_tie)."""
     eng, refs = references[model]
     ref = refs[prompt]
     if text != ref.text:
         got = SimpleNamespace(token_ids=eng.tokenize(text))
-        assert_same_or_near_tie(ref, got, eng, chat(eng, prompt))
+        same_or_near_tie(ref, got, eng, chat(eng, prompt))
 
 
 async def ask(oai: openai.AsyncOpenAI, model: str, prompt: str) -> tuple[str, str, str]:
@@ -379,9 +384,14 @@ def two(tmp_path_factory, model_path, q8_model):
     stop_process(proc)
 
 
+@pytest.mark.model
 def test_two_models_at_once_each_answers_as_it_would_alone(two, references, model_path, q8_model):
     a, b = model_id_of(model_path), model_id_of(q8_model)
-    assert any(references[a][1][p].text != references[b][1][p].text for p in PROMPTS), "the models answer alike"
+    gate.differ(
+        [references[a][1][p].text for p in PROMPTS],
+        [references[b][1][p].text for p in PROMPTS],
+        "Q4_1 and Q8_0 weights should answer some prompt apart, so that an answer shows which model wrote it",
+    )
     listed = raw(two).get("/v1/models").json()["data"]
     assert [(m["id"], m["status"], m["loaded"]) for m in listed] == [(a, "loaded", True), (b, "unloaded", False)]
 
@@ -397,7 +407,7 @@ def test_two_models_at_once_each_answers_as_it_would_alone(two, references, mode
     assert loaded(two) == {a: True, b: True}
     metrics = raw(two).get("/metrics").text
     for name in (a, b):
-        assert f'edgeinfer_requests_total{{model="{name}"}} 8.0' in metrics
+        gate.contains(metrics, f'edgeinfer_requests_total{{model="{name}"}} 8.0')
     stats = raw(two).get("/v1/edgeinfer/stats", params={"model": b}).json()
     assert stats["served_model"] == b and stats["model"]["name"] and stats["requests"]["total"] == 8
     # The name given on the command line (here the path) is accepted too, and "default" is the first model.
@@ -405,6 +415,7 @@ def test_two_models_at_once_each_answers_as_it_would_alone(two, references, mode
     assert asyncio.run(ask(async_client(two), "default", PROMPTS[0]))[0] == a
 
 
+@pytest.mark.model
 def test_an_unknown_model_is_a_404_naming_the_served_ones(two, model_path, q8_model):
     http = raw(two)
     openai_shape = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": [SYSTEM]})
@@ -419,6 +430,7 @@ def test_an_unknown_model_is_a_404_naming_the_served_ones(two, model_path, q8_mo
         assert model_id_of(model_path) in message and model_id_of(q8_model) in message
 
 
+@pytest.mark.model
 def test_max_models_1_swaps_under_load_and_memory_returns(tmp_path, model_path, q8_model, references):
     a, b = model_id_of(model_path), model_id_of(q8_model)
     sock = tmp_path / "one.sock"

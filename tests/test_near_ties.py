@@ -2,9 +2,13 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from edgeinfer.events import TokenLogprob
 
-from .conftest import near_ties
+from .gate import near_ties
+
+pytestmark = pytest.mark.pure
 
 EOS = 0
 TEXT = {EOS: "", 1: " It", 2: " is", 3: " a", 4: " also", 5: " big", 6: " red"}

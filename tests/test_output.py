@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from edgeinfer.engine.text import TextStream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.formats.hermes import Hermes
@@ -12,6 +14,8 @@ from edgeinfer.server.openai_chat import ChatDialect, CompletionDialect
 from edgeinfer.server.output import PLAIN, AnswerShape, ChoiceOutput, Done, TextDelta, ToolCall, whole
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import _sse
+
+pytestmark = pytest.mark.pure
 
 TOOLS = AnswerShape(calls=Hermes())
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

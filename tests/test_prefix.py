@@ -1,6 +1,10 @@
 """The prefix trie, without a model."""
 
+import pytest
+
 from edgeinfer.engine.prefix import PrefixTrie
+
+pytestmark = pytest.mark.pure
 
 
 def test_longest_shared_prefix_and_removal():

@@ -7,6 +7,10 @@ inside; these modules go through the engine's methods, faults.Host and stats.Eng
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = [
     ROOT / "edgeinfer" / "engine" / "faults.py",

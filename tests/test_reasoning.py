@@ -26,6 +26,10 @@ from edgeinfer.formats.reasoning import (
 from edgeinfer.options import Grammar
 from edgeinfer.server.schema import ChatRequest
 
+from . import gate
+
+pytestmark = pytest.mark.model
+
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 QWQ = (TEMPLATES / "Qwen-QwQ-32B.jinja").read_text()  # llama.cpp's models/templates copy (SOURCES.md)
 THINK = Thinking()
@@ -33,6 +37,7 @@ THINK = Thinking()
 # --- the template -----------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_the_template_names_its_thinking_tags():
     assert thinking_of(QWQ) == THINK
     assert thinking_of((TEMPLATES / "Qwen3-Coder.jinja").read_text()) is None  # a coder template does not think
@@ -44,6 +49,7 @@ def test_the_template_names_its_thinking_tags():
     assert thinking_for("deepseek", "{{ messages }}") == THINK
 
 
+@pytest.mark.pure
 def test_a_prompt_ending_inside_the_block_is_opened():
     assert opened("<|im_start|>assistant\n<think>\n", THINK)
     # Qwen3 with thinking off closes the block in the prompt; earlier turns' blocks are closed.
@@ -52,6 +58,7 @@ def test_a_prompt_ending_inside_the_block_is_opened():
     assert not opened("<|im_start|>assistant\n", THINK)
 
 
+@pytest.mark.pure
 def test_budgets_from_the_request_and_the_server():
     assert budget_of(None, -1) is None
     assert budget_of(None, 300) == 300
@@ -98,6 +105,7 @@ def stream(text: str, started: bool, cuts: list[int], tags: Thinking = THINK) ->
     return reasoning, content, order
 
 
+@pytest.mark.pure
 @pytest.mark.parametrize(("text", "started", "thinking", "answer"), CASES)
 def test_split_at_every_position_equals_the_whole(text, started, thinking, answer):
     assert split(text, THINK, started) == (thinking, answer)
@@ -109,6 +117,7 @@ def test_split_at_every_position_equals_the_whole(text, started, thinking, answe
     assert (r or None, c) == (thinking, answer)
 
 
+@pytest.mark.pure
 def test_only_a_possible_tag_is_held_back():
     s = ReasoningSplit(THINK, started=True)
     assert s.feed("abc</th") == ("abc", "")  # "</th" may begin the close tag
@@ -122,6 +131,7 @@ def test_only_a_possible_tag_is_held_back():
     assert s.end() == ("", "")
 
 
+@pytest.mark.pure
 def test_other_tags_split_alike():
     tags = Thinking("[THINK]", "[/THINK]")
     text = "[THINK]weigh it[/THINK]Done."
@@ -188,7 +198,7 @@ def test_a_budget_of_n_tokens_forces_the_close_tag(grammars):
     assert d.write(THINK.close[len(d.forced) :] + "\n\nThe answer is 4.")
     assert d.ends()
     reasoning, answer = split(d.text, THINK, started=True)
-    assert answer == "The answer is 4."
+    gate.written(answer, "The answer is 4.")  # the test wrote it
     assert len(grammars.vocab.tokenize(reasoning, add_special=False)) <= n
 
 
@@ -272,6 +282,7 @@ class ThinkingBackend:
         pass
 
 
+@pytest.mark.pure
 def test_chat_shows_thinking_apart_and_hides_it_on_request(monkeypatch, capsys):
     from edgeinfer.chat_repl import run_chat
     from edgeinfer.options import SamplingParams
@@ -299,6 +310,7 @@ def test_chat_shows_thinking_apart_and_hides_it_on_request(monkeypatch, capsys):
 # --- rendering: the neutral events in each API --------------------------------------
 
 
+@pytest.mark.pure
 def test_responses_stream_a_reasoning_item_before_the_message():
     from openai.types.responses import Response
 
@@ -338,6 +350,7 @@ def test_responses_stream_a_reasoning_item_before_the_message():
     assert [(o.type, o.status) for o in final.output] == [("reasoning", "incomplete"), ("message", "incomplete")]
 
 
+@pytest.mark.pure
 def test_a_whole_response_has_the_reasoning_item_first():
     from openai.types.responses import Response
 
@@ -353,6 +366,7 @@ def test_a_whole_response_has_the_reasoning_item_first():
     assert r.output[0].content[0].text == "Think." and r.output_text == "Answer."
 
 
+@pytest.mark.pure
 def test_messages_stream_a_thinking_block_with_its_signature():
     from anthropic.types import Message
 
@@ -380,6 +394,7 @@ def test_messages_stream_a_thinking_block_with_its_signature():
     assert [b.type for b in msg.content] == ["thinking", "text"] and msg.content[0].thinking == "Paris is the capital."
 
 
+@pytest.mark.pure
 def test_each_api_asks_for_a_budget_in_its_own_words():
     from edgeinfer.server.messages import to_chat as messages_to_chat
     from edgeinfer.server.messages_schema import MessagesRequest
@@ -414,7 +429,7 @@ QUESTION = [{"role": "user", "content": "What is 2+2? Think first."}]
 @pytest.fixture(scope="module")
 def qwq_server(model_path, tmp_path_factory):
     """`edgeinfer serve` on a copy of the default model whose chat template is QwQ-32B's (it opens `<think>\\n`)."""
-    from .test_server import start_server, stop_process
+    from .conftest import start_server, stop_process
 
     folder = tmp_path_factory.mktemp("qwq")
     copy = folder / "smollm2-qwq-template.gguf"
@@ -449,7 +464,8 @@ def test_chat_completions_think_apart_within_the_budget(qwq_server):
         assert thinking and THINK.close not in thinking
         assert 0 < thinking_tokens(tokens, thinking) <= budget
         assert "".join(tokens).lstrip().startswith(thinking)
-        assert m.content and not m.content.startswith(THINK.close)
+        assert m.content
+        gate.not_begins(m.content, THINK.close)
 
     # Streamed: the thinking's deltas, then the answer's; the usage counts the thinking's tokens.
     kinds, thought, answer, usage = [], "", "", None
@@ -466,7 +482,8 @@ def test_chat_completions_think_apart_within_the_budget(qwq_server):
                 kinds.append("c")
                 answer += c.delta.content
     assert thought and answer and kinds == sorted(kinds, key="rc".index)
-    assert THINK.close not in thought and not answer.startswith(THINK.close)
+    gate.absent(THINK.close, thought)
+    gate.not_begins(answer, THINK.close)
     assert usage is not None and 0 < usage.completion_tokens_details.reasoning_tokens <= BUDGET + 4  # + the tag
 
 
@@ -483,7 +500,7 @@ def test_no_budget_thinks_to_max_tokens_and_zero_thinks_not_at_all(qwq_server):
     )
     m = r.choices[0].message
     assert not (m.model_extra or {}).get("reasoning_content")
-    assert THINK.close not in (m.content or "")
+    gate.absent(THINK.close, m.content or "")
 
 
 def test_responses_give_a_reasoning_item_before_the_message(qwq_server):
@@ -497,7 +514,8 @@ def test_responses_give_a_reasoning_item_before_the_message(qwq_server):
     r = oai.responses.create(**args)
     assert r.output[0].type == "reasoning" and r.output[0].content[0].text
     assert [o.type for o in r.output] == ["reasoning", "message"]
-    assert THINK.close not in r.output[0].content[0].text and not r.output_text.startswith(THINK.close)
+    gate.absent(THINK.close, r.output[0].content[0].text)
+    gate.not_begins(r.output_text, THINK.close)
 
     events = list(oai.responses.create(**args, stream=True))
     types = [e.type for e in events]
@@ -508,8 +526,8 @@ def test_responses_give_a_reasoning_item_before_the_message(qwq_server):
         assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
     final = Response.model_validate(events[-1].response.model_dump())
     assert final.usage.output_tokens_details.reasoning_tokens > 0
-    assert final.output[0].content[0].text == "".join(
-        e.delta for e in events if e.type == "response.reasoning_text.delta"
+    gate.one_generation(
+        final.output[0].content[0].text, "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     )
 
 
@@ -522,7 +540,7 @@ def test_messages_give_thinking_blocks_before_the_text(qwq_server):
     msg = claude.messages.create(**args, thinking={"type": "enabled", "budget_tokens": BUDGET})
     kinds = [b.type for b in msg.content]
     assert kinds[0] == "thinking" and msg.content[0].thinking and set(kinds[1:]) <= {"text"}
-    assert THINK.close not in msg.content[0].thinking
+    gate.absent(THINK.close, msg.content[0].thinking)
 
     with claude.messages.stream(**args, thinking={"type": "enabled", "budget_tokens": BUDGET}) as s:
         events = list(s)
@@ -588,5 +606,7 @@ def test_chat_in_the_terminal_thinks_apart_on_the_engine(model_path, qwq_server)
     thought = "".join(e.text for e in events if isinstance(e, Thought))
     answer = "".join(e.text for e in events if isinstance(e, Chunk))
     finish = events[-1]
-    assert isinstance(finish, Finish) and finish.text == answer  # the conversation keeps the answer alone
-    assert THINK.close not in thought and not answer.startswith(THINK.close)
+    assert isinstance(finish, Finish)
+    gate.one_generation(finish.text, answer)  # the conversation keeps the answer alone
+    gate.absent(THINK.close, thought)
+    gate.not_begins(answer, THINK.close)

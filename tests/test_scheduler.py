@@ -10,6 +10,8 @@ from edgeinfer.engine.scheduler import Scheduler, Status, StepOutput
 from edgeinfer.errors import QueueFullError, RequestError
 from edgeinfer.options import SamplingParams
 
+pytestmark = pytest.mark.pure
+
 
 class FakeKv:
     """Records every call; keeps saved entries like the RAM tier (by tokens), restores what it holds."""

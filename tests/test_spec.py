@@ -18,7 +18,10 @@ from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.speculative.verify import sampling_probs
 
-from .conftest import assert_same_or_near_tie, chat
+from . import gate
+from .gate import chat, same_or_near_tie
+
+pytestmark = pytest.mark.model
 
 # Verifying k drafts decodes k+1 rows of one stream in one batch, and llama.cpp's CPU
 # kernels round differently for different batch shapes (docs/testing.md):
@@ -35,7 +38,7 @@ def run_all(config: EngineConfig, params: SamplingParams, ref: list | None = Non
         outs = [eng.generate(p, params) for p in prompts]
         stats = eng.snapshot().spec  # before the helper's forced runs add to it
         for want, got, p in zip(ref or [], outs, prompts, strict=False):
-            assert_same_or_near_tie(want, got, eng, p)
+            same_or_near_tie(want, got, eng, p)
         return outs, stats
 
 
@@ -83,7 +86,12 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation_on_or_off(model_
         EngineConfig(model=model_path, spec="draft", draft_model=model_path, **fresh),
     ):
         outs, stats = run_all(config, params)
-        assert [o.token_ids for o in outs] == [o.token_ids for o in off], config.spec
+        gate.same_shapes(
+            [o.token_ids for o in outs],
+            [o.token_ids for o in off],
+            f"seeded, {config.spec}: with flash attention on a verified draft row equals a plain step's row; "
+            "with it off seeded streams draft nothing",
+        )
         if flash_attn == "on":
             assert stats.drafted > 0 and stats.accepted > 0
     if flash_attn == "off":
@@ -103,7 +111,7 @@ def test_kv_is_clean_after_rejections(model_path):
         assert cont.stats.cached_tokens >= len(longer) - 2
         with make_engine(EngineConfig(model=model_path, spec="off", cache_ram=0, **EXACT)) as fresh:
             want = fresh.generate(longer, SamplingParams(temperature=0, max_tokens=60, logprobs=5))
-        assert_same_or_near_tie(want, cont, eng, longer)
+        same_or_near_tie(want, cont, eng, longer)
 
 
 def test_rejection_sampling_path_runs_and_counts(model_path):
@@ -151,7 +159,7 @@ def test_forked_streams_from_a_kept_prefix_finish_with_speculation_on(model_path
         # logits row also starts its forks.
         results = [h.result() for h in eng.submit(prompt, SamplingParams(temperature=0, max_tokens=20), n=2)]
     assert [r.stats.completion_tokens for r in results] == [20, 20] or all(r.finish_reason == "stop" for r in results)
-    assert results[0].token_ids == results[1].token_ids
+    gate.same_shapes(results[0].token_ids, results[1].token_ids, "greedy forks of one kept prefix, side by side")
 
 
 # --- the output law at temperature > 0, on the real path ----------------------------------
@@ -163,7 +171,7 @@ def test_forked_streams_from_a_kept_prefix_finish_with_speculation_on(model_path
 # "," is then drafted only to be cut, and "." comes out about 0.59 + 0.41 * 0.59 = 0.83.
 CAPITAL = ("What is the capital of France?", "The capital of France")
 HOT = SamplingParams(temperature=0.8, max_tokens=4)
-N_LAW = 200  # seeded requests: that 0.24 shift is about 7 standard errors
+N_LAW = 120  # seeded requests: that 0.24 shift is about 5 standard errors (chi-square's 0.001 cut: 3.3)
 CHI2_001 = (10.83, 13.82, 16.27, 18.47, 20.52)  # chi-square critical values at 0.001, by degrees of freedom
 
 

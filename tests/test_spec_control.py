@@ -1,6 +1,10 @@
 """The adaptive controller on synthetic costs: it drafts where it pays and steps back where it does not."""
 
+import pytest
+
 from edgeinfer.speculative.control import Acceptance, Candidate, Controller, StepCosts
+
+pytestmark = pytest.mark.pure
 
 
 def cpu_like(c: StepCosts, fixed=0.010, per_token=0.004):

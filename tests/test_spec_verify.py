@@ -13,7 +13,9 @@ import pytest
 from edgeinfer.events import TokenLogprob
 from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
 
-from .conftest import assert_same_or_near_tie
+from .gate import same_or_near_tie
+
+pytestmark = pytest.mark.pure
 
 V = 8
 N = 40_000
@@ -139,7 +141,7 @@ def reference(tokens: list[int], runner_up: dict[int, tuple[int, float]]) -> Run
     return Run(tokens, lps)
 
 
-TIE_NATS = 0.5  # the scripted references' rule (on the real model the rule is measured: conftest.drift_of)
+TIE_NATS = 0.5  # the scripted references' rule (on the real model the rule is measured: gate.drift_of)
 
 
 class ForcedEngine:
@@ -170,15 +172,15 @@ def test_near_tie_helper_checks_past_the_tie_by_teacher_forcing():
     engine = ForcedEngine([4, 8, 6])
     first_divergence_only(ref, other)  # the old rule let it through
     with pytest.raises(AssertionError, match="part at token 4 where the reference was confident"):
-        assert_same_or_near_tie(ref, other, engine, prompt, TIE_NATS)
+        same_or_near_tie(ref, other, engine, prompt, TIE_NATS)
     assert engine.asked == [([100, 101, 1, 2, 3], 3)]  # prompt + the reference up to and including its token
     # The same first tie followed by the reference's own continuation passes (as not identical).
-    assert assert_same_or_near_tie(ref, other, ForcedEngine([4, 5, 6]), prompt, TIE_NATS) is False
-    assert assert_same_or_near_tie(ref, Run(list(ref.token_ids)), ForcedEngine(), prompt, TIE_NATS) is True
+    assert same_or_near_tie(ref, other, ForcedEngine([4, 5, 6]), prompt, TIE_NATS) is False
+    assert same_or_near_tie(ref, Run(list(ref.token_ids)), ForcedEngine(), prompt, TIE_NATS) is True
     # A second near-tie is forced past too; a continuation that stops short fails.
     two_ties = reference([1, 2, 3, 4, 5, 6], {2: (9, 0.1), 4: (8, 0.2)})
     engine = ForcedEngine([4, 8, 7], [6])
-    assert assert_same_or_near_tie(two_ties, other, engine, prompt, TIE_NATS) is False
+    assert same_or_near_tie(two_ties, other, engine, prompt, TIE_NATS) is False
     assert [a for a, _ in engine.asked] == [[100, 101, 1, 2, 3], [100, 101, 1, 2, 3, 4, 5]]
     with pytest.raises(AssertionError, match="prefix"):
-        assert_same_or_near_tie(ref, other, ForcedEngine([4, 5]), prompt, TIE_NATS)
+        same_or_near_tie(ref, other, ForcedEngine([4, 5]), prompt, TIE_NATS)

@@ -26,6 +26,10 @@ from edgeinfer.formats.select import KNOWN
 from edgeinfer.llamacpp import Model
 from edgeinfer.options import EngineConfig, Grammar, SamplingParams
 
+from . import gate
+
+pytestmark = pytest.mark.model
+
 ADD = ToolSpec(
     "add",
     "Adds two integers.",
@@ -184,7 +188,8 @@ def test_the_engine_shows_the_tags_special_tokens_and_the_calls_parse(shown_engi
         events = handle.collect()
         finish = events[-1]
         assert finish.finish_reason == "stop", finish.text
-        assert finish.token_ids[0] == tag and finish.text.startswith("<jupyter_code>[")
+        gate.ruled(finish.token_ids[0], tag, "the grammar opens every answer with the call's special token")
+        gate.begins(finish.text, "<jupyter_code>[")
         before, calls = fmt.parse(finish.text, final=True)
         assert before is None and calls, finish.text
         for call in calls:

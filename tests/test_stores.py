@@ -16,6 +16,8 @@ from edgeinfer.errors import ConfigError, ModelFileError
 from edgeinfer.models import stores
 from edgeinfer.models.catalog import default_model_path, resolve_model
 
+pytestmark = pytest.mark.pure
+
 REAL_CACHES = [Path.home() / ".cache" / "edgeinfer", Path.home() / ".cache" / "huggingface"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -164,6 +166,7 @@ def test_a_catalog_model_not_present_names_the_pull_that_fetches_it(home):
     assert "not present (smollm2-f16.gguf)" in result.output  # no source to name: nothing dangling
 
 
+@pytest.mark.model
 @pytest.mark.model
 @pytest.mark.parametrize("name", [OLLAMA, LLAMA_CPP, LMSTUDIO, HUB])
 def test_a_store_model_runs_in_place(layouts, tmp_path, monkeypatch, name):

@@ -10,6 +10,8 @@ import pytest
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.errors import ModelLoadError, RequestError
 
+pytestmark = pytest.mark.pure
+
 USER = [{"role": "user", "content": "hi"}]
 
 

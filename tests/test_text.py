@@ -1,6 +1,10 @@
 """UTF-8 and stop-string handling of the text stream, byte by byte."""
 
+import pytest
+
 from edgeinfer.engine.text import TextStream
+
+pytestmark = pytest.mark.pure
 
 
 def feed_all(ts, pieces):

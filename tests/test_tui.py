@@ -35,6 +35,8 @@ from edgeinfer.tui.widgets import HelpScreen, KvBar, StreamsTable
 
 from .conftest import sse_events, stop_process
 
+pytestmark = pytest.mark.pure
+
 SIZE = (120, 36)
 SNAPSHOT_SVG = Path(__file__).parent / "snapshots" / "dashboard.svg"
 
@@ -334,6 +336,7 @@ async def chat(sock: Path, n: int, max_tokens: int) -> list[dict[str, Any]]:
     return [r.json() for r in replies]
 
 
+@pytest.mark.model
 async def test_no_server_then_a_server_then_a_restart(tmp_path, servers):
     sock = tmp_path / "e.sock"
     app = make_dashboard(SocketSource(sock, interval=0.25, retry_s=0.2))
@@ -358,6 +361,7 @@ async def test_no_server_then_a_server_then_a_restart(tmp_path, servers):
         assert app.received > seen
 
 
+@pytest.mark.model
 async def test_live_requests_on_a_real_server(tmp_path, servers):
     sock = tmp_path / "e.sock"
     proc = servers(sock)
@@ -395,6 +399,7 @@ async def test_live_requests_on_a_real_server(tmp_path, servers):
 # --- the dashboard beside serve and bench, in process -------------------------------------
 
 
+@pytest.mark.model
 def test_serve_with_dashboard(tmp_path, model_path):
     sock = tmp_path / "s.sock"
     app = make_server(EngineConfig(model=model_path, parallel=2, ctx_size=1024, threads=1, threads_batch=1))
@@ -442,6 +447,7 @@ def _quit_dashboard_mid_stream(tmp_path: Path, model_path: Path, grace_s: float,
     return lines
 
 
+@pytest.mark.model
 def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model_path):
     """q in `serve --dashboard` stops the server as SIGTERM does: a stream in flight runs to its end."""
     lines = _quit_dashboard_mid_stream(tmp_path, model_path, grace_s=600, max_tokens=120)
@@ -451,6 +457,7 @@ def test_quitting_the_dashboard_lets_streams_finish_within_grace(tmp_path, model
     assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["length"]
 
 
+@pytest.mark.model
 def test_quitting_the_dashboard_ends_streams_past_grace_with_an_error(tmp_path, model_path):
     """Defect: the dashboard's server stopped by setting uvicorn's flag, so the routes never saw the
     shutdown begin and a stream still running at the grace's end got no shutting_down error."""
@@ -464,6 +471,7 @@ def test_quitting_the_dashboard_ends_streams_past_grace_with_an_error(tmp_path, 
     )
 
 
+@pytest.mark.model
 def test_bench_with_dashboard_shares_the_engine(model_path):
     engine = make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=2048, threads=1, threads_batch=1))
     try:
@@ -484,6 +492,7 @@ def test_bench_with_dashboard_shares_the_engine(model_path):
         engine.close()
 
 
+@pytest.mark.model
 def test_closing_the_dashboard_stops_the_benchmark(model_path):
     # unified: one stream may use the whole context for its long answer
     config = EngineConfig(model=model_path, parallel=2, ctx_size=2048, threads=1, threads_batch=1, kv_layout="unified")

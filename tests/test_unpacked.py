@@ -7,8 +7,12 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from edgeinfer.cli import unpacked
 from edgeinfer.cli.unpacked import ABANDONED_S, MARK, STALE_S, hold, prune
+
+pytestmark = pytest.mark.pure
 
 DAY = 24 * 3600.0
 

@@ -22,19 +22,14 @@ from edgeinfer.options import SamplingParams
 from edgeinfer.server import tools as T
 from edgeinfer.server.schema import ChatRequest
 
-from .conftest import stop_process
-from .test_server import raw, start_server
+from . import gate
+from .conftest import raw
+from .gate import same_or_near_tie
+
+pytestmark = pytest.mark.model
 
 MODEL = "default"
-PARALLEL = 16  # with start_server's --ctx-size 8192: 512 tokens a stream, and so an embeddings input
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    sock = tmp_path_factory.mktemp("util") / "edgeinfer.sock"
-    proc = start_server(sock, "--parallel", str(PARALLEL))
-    yield sock
-    stop_process(proc)
+PARALLEL = 8  # the shared server's (conftest.SHARED_SERVERS): with --ctx-size 8192, 1,024 tokens a stream
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +107,7 @@ def test_tokenize_round_trips_through_the_gguf_vocabulary(http, gguf_file, text)
     for t in with_pieces:
         assert piece_bytes(t["piece"]) == vocab_bytes(gguf_file["tokens"][t["id"]]), t
     assert b"".join(piece_bytes(t["piece"]) for t in with_pieces) == text.encode()
-    assert post(http, "/detokenize", {"tokens": ids})["content"] == text
+    gate.written(post(http, "/detokenize", {"tokens": ids})["content"], text)
 
 
 def test_a_piece_that_is_part_of_a_character_comes_as_bytes(http):
@@ -128,7 +123,7 @@ def test_special_tokens_add_special_and_parse_special(http, gguf_file):
     assert parsed[0] == start  # parse_special defaults to true, as in llama-server
     literal = post(http, "/tokenize", {"content": text, "parse_special": False})["tokens"]
     assert start not in literal and len(literal) > len(parsed)
-    assert post(http, "/detokenize", {"tokens": parsed})["content"] == text
+    gate.written(post(http, "/detokenize", {"tokens": parsed})["content"], text)
     plain = post(http, "/tokenize", {"content": "hi"})["tokens"]
     special = post(http, "/tokenize", {"content": "hi", "add_special": True})["tokens"]
     assert special == ([gguf_file["bos"]] if gguf_file["add_bos"] else []) + plain
@@ -247,16 +242,19 @@ def test_embeddings_and_generation_share_the_engine(engine):
     assert emb.decodes - decodes == len(pack([len(t) for t in texts], emb.max_tokens, 64)) > 1
     np.testing.assert_allclose(split, together, atol=2e-3)
 
-    params = SamplingParams(temperature=0, max_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=5)
     prompt = engine.tokenize("Once upon a time")
-    alone = engine.generate(prompt, params).token_ids
+    alone = engine.generate(prompt, params)
     engine.reset_prefixes()  # both runs compute the prompt alike (a restored prefix decodes in other shapes)
     handle = engine.submit(prompt, params)[0]
     queued = emb.submit(texts)  # its decodes run between the stream's steps, one a pass of the engine loop
-    assert handle.result().token_ids == alone
+    # The stream's own batches are untouched by the embeddings' decodes; speculation (auto) may still draft
+    # in one run and not the other, so the two agree up to near-ties.
+    same_or_near_tie(alone, handle.result(), engine, prompt)
     np.testing.assert_allclose(queued.result(timeout=120), together, atol=2e-3)
 
 
+@pytest.mark.pure
 def test_pack_fills_decodes_in_order():
     assert pack([3, 3, 3], 6, 64) == [[0, 1], [2]]
     assert pack([1] * 5, 100, 2) == [[0, 1], [2, 3], [4]]

@@ -24,6 +24,8 @@ from edgeinfer.options import ContextParams
 ggml.bind(C.llama_cpp._lib)
 
 DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
+# Set by the test suite while a test of its pure tier runs (tests/conftest.py): a model load there fails.
+NO_MODELS_ENV = "EDGEINFER_NO_MODELS"
 
 KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
 FLASH_ATTN = {
@@ -39,6 +41,13 @@ def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int) -> str:
     GPU, or with a quantized KV cache, which needs it."""
     on_gpu = gpu_layers != 0 and ggml.has_gpu()
     return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
+
+
+def build_identity() -> list[Any]:
+    """llama-cpp-python's version and its libraries (name, size, modification time): equal on two runs
+    only when the same llama.cpp build runs."""
+    libs = sorted(Path(C.__file__).parent.glob("lib/*.so*"))
+    return [C.__version__, [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in libs]]
 
 
 _init_lock = threading.Lock()
@@ -178,6 +187,9 @@ class Model:
         if placement is not None:
             placement.apply(params)
             gpu_layers = placement.n_gpu_layers
+        if os.environ.get(NO_MODELS_ENV):  # the test suite's pure tier (tests/conftest.py)
+            why = os.environ[NO_MODELS_ENV]
+            raise ModelLoadError(f"{path}: no model may load here ({NO_MODELS_ENV} is set: {why})")
         self._h = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._h:
             raise ModelLoadError(
