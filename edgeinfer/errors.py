@@ -62,6 +62,18 @@ class RequestError(EdgeInferError):
         self.param = param
 
 
+class ContextLengthError(RequestError):
+    """A prompt longer than a stream's context. The message is the one Anthropic's API gives (Claude Code
+    reads the two figures from it and compacts the conversation), the code OpenAI's (Codex acts on it)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, tokens: int, limit: int, fix: str) -> None:
+        super().__init__(f"prompt is too long: {tokens} tokens > {limit} maximum ({fix})", "prompt")
+        self.tokens = tokens
+        self.limit = limit
+
+
 class EngineClosedError(EdgeInferError):
     """A request made after the engine was closed or while it shuts down."""
 

@@ -85,8 +85,23 @@ class EngineConfig(Options):
         "owner/repo[:QUANT], pulled on first use [default: SmolLM2-135M-Instruct Q4_1].",
         json_schema_extra=_cli("-m"),
     )
-    parallel: int = Field(8, ge=1, le=128, description="Streams decoded together.", json_schema_extra=_cli("-p"))
-    ctx_size: int = Field(8192, ge=64, description="KV cells for all streams.", json_schema_extra=_cli("-c"))
+    parallel: int = Field(
+        0,
+        ge=0,
+        le=128,
+        description="Streams decoded together (0: as many as --kv-budget holds at the stream's context, up to 8).",
+        json_schema_extra=_cli("-p"),
+    )
+    ctx_size: int = Field(
+        0,
+        ge=0,
+        description="KV cells for all streams (0: each stream holds the model's trained context, as --kv-budget "
+        "allows).",
+        json_schema_extra=_cli("-c"),
+    )
+    kv_budget: int = Field(
+        0, ge=0, description="MiB the KV cache may take when --ctx-size or --parallel is 0 (0: a quarter of RAM)."
+    )
     batch_size: int = Field(512, ge=1, description="Tokens per decode step.", json_schema_extra=_cli("-b"))
     ubatch_size: int = Field(512, ge=1, description="Tokens per physical compute pass.")
     threads: int = Field(0, ge=0, description="CPU threads (0: all cores).", json_schema_extra=_cli("-t"))
@@ -187,6 +202,13 @@ class EngineConfig(Options):
     @property
     def rpc_endpoints(self) -> list[tuple[str, int]]:
         return parse_endpoints(self.rpc) if self.rpc else []
+
+    @field_validator("ctx_size", mode="after")
+    @classmethod
+    def _cells(cls, value: int) -> int:
+        if 0 < value < 64:
+            raise ValueError("at least 64 cells, or 0 for the model's trained context")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineConfig:

@@ -185,7 +185,7 @@ def test_settings_file_round_trip_and_clear_errors(tmp_path, monkeypatch):
     assert settings_file.load() == {"parallel": 16, "threads": 0, "kv_type": "q8_0", "spec": "auto"}
     assert "# a note" in path.read_text()
     for body, words in [
-        ("[engine]\nparallel = 0\n", "parallel"),
+        ("[engine]\nparallel = -1\n", "parallel"),
         ("[engine]\nkv_type = 'q3'\n", "kv_type"),
         ("[engine]\nparallel = '4'\n", "parallel"),
         ("[engine]\nmodels = 2\n", "models"),

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from edgeinfer.client import async_client
+from edgeinfer.errors import ModelNotFoundError
 from edgeinfer.models.catalog import model_id_of
 from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.server.app import make_pool_app
@@ -201,7 +202,22 @@ def test_unknown_model_is_a_404_naming_the_models_in_each_api_shape():
     with pytest.raises(openai.NotFoundError) as e:
         asyncio.run(mark_of(oai, "gpt-9"))
     assert e.value.code == "model_not_found" and "'gpt-9'" in e.value.message
-    assert "'a', 'b'" in e.value.message
+    assert "'a', 'b'" in e.value.message and "--alias NAME=MODEL" in e.value.message
+
+
+def test_one_model_answers_any_name_and_aliases_map_names_to_models():
+    """Claude Code sends its main model's name and a small model's for background work; Codex its own."""
+    _, oai = served(fake_pool({"a": Factory(1.0)}))
+    assert asyncio.run(mark_of(oai, "claude-haiku-4-5")) == 1.0
+    specs = [ModelSpec("a", None, Factory(1.0)), ModelSpec("b", None, Factory(2.0))]
+    pool = ModelPool(specs, aliases={"claude-sonnet-4-5": "b", "claude-haiku-4-5": "a"})  # type: ignore[arg-type]
+    _, oai = served(pool)
+    assert asyncio.run(mark_of(oai, "claude-sonnet-4-5")) == 2.0
+    assert asyncio.run(mark_of(oai, "claude-haiku-4-5")) == 1.0
+    with pytest.raises(openai.NotFoundError):
+        asyncio.run(mark_of(oai, "gpt-9"))
+    with pytest.raises(ModelNotFoundError, match="'c' is not served here"):
+        ModelPool(specs, aliases={"x": "c"})  # type: ignore[arg-type]
 
 
 def test_the_least_recently_used_idle_model_makes_room_never_a_busy_one():

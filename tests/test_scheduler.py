@@ -7,7 +7,7 @@ import pytest
 from edgeinfer.engine.prefix import PrefixTrie
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.scheduler import Scheduler, Status, StepOutput
-from edgeinfer.errors import QueueFullError, RequestError
+from edgeinfer.errors import ContextLengthError, QueueFullError, RequestError
 from edgeinfer.options import SamplingParams
 
 pytestmark = pytest.mark.pure
@@ -115,23 +115,24 @@ def test_kv_reservation_blocks_admission_until_cells_free():
 def test_requests_that_can_never_be_served_are_refused_at_the_door():
     engine = SimpleNamespace(n_ctx=100, config=SimpleNamespace(parallel=4), vocab=SimpleNamespace(n_tokens=50))
     engine.default_max_tokens, engine.per_seq, engine.n_ctx_stream = 256, False, 100
-    with pytest.raises(RequestError, match="max_tokens is 50, but only 40 tokens fit") as e:
-        check_request([1] * 60, 1, SamplingParams(max_tokens=50), engine)
-    assert e.value.param == "max_tokens"
+    # A max_tokens past the room is a bound: the stream gets what fits (agents ask for 32,000 whatever fits).
+    assert check_request([1] * 60, 1, SamplingParams(max_tokens=50), engine) == 40
+    assert check_request([1] * 60, 1, SamplingParams(max_tokens=30), engine) == 30
     with pytest.raises(RequestError, match="1 to 4"):
         check_request([1], 5, SamplingParams(), engine)
     with pytest.raises(RequestError, match="empty"):
         check_request([], 1, SamplingParams(), engine)
     with pytest.raises(RequestError, match="vocabulary"):
         check_request([50], 1, SamplingParams(), engine)
-    with pytest.raises(RequestError, match="context holds 100"):
+    with pytest.raises(ContextLengthError, match=r"^prompt is too long: 100 tokens > 100 maximum \(the context") as e:
         check_request([1] * 100, 1, SamplingParams(), engine)
+    assert (e.value.tokens, e.value.limit, e.value.code) == (100, 100, "context_length_exceeded")
     # Without max_tokens a stream gets what fits: 3 streams share 90 cells after a 10-token prompt.
     assert check_request([1] * 10, 3, SamplingParams(), engine) == 30
     # With a KV stream per sequence each stream has its own 25 cells, prompt included.
     engine.per_seq, engine.n_ctx_stream = True, 25
     assert check_request([1] * 10, 3, SamplingParams(), engine) == 15
-    with pytest.raises(RequestError, match=r"a stream's share of the context holds 25 .*--kv-layout unified"):
+    with pytest.raises(RequestError, match=r"a stream's share of the context holds 25: .*--kv-layout unified"):
         check_request([1] * 30, 1, SamplingParams(), engine)
 
 

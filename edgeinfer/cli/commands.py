@@ -85,7 +85,7 @@ def chat(system: str | None, socket_path: str | None, api_key: str | None, resum
     if kw.get("cache_dir") is None:
         kw["cache_dir"] = default_kv_dir()
     config = engine_config(kw)
-    config.parallel = min(config.parallel, 2)  # one conversation at a time
+    config.parallel = min(config.parallel or 2, 2)  # one conversation at a time
     click.echo(click.style(f"loading model... (KV: {kv_summary(config)})", dim=True), err=True)
     engine = make_engine(config)
     try:
@@ -102,17 +102,20 @@ def default_kv_dir() -> Path:
 
 
 def kv_summary(config: EngineConfig) -> str:
-    """What the KV layout gives each stream, as llama.cpp will size it (rounded up to 256 cells),
-    and what --flash-attn auto comes to on this machine."""
+    """What the KV layout gives each stream, as llama.cpp will size it (rounded up to 256 cells), why, its
+    memory, and what --flash-attn auto comes to on this machine."""
+    from edgeinfer.engine.sizing import pad, sized
     from edgeinfer.llamacpp import resolve_flash_attn
 
+    config, s = sized(config)
     fa = resolve_flash_attn(config.flash_attn, config.kv_type, config.gpu_layers)
     attention = f"flash attention {fa}" + (" (auto, CPU only)" if fa != config.flash_attn else "")
-    pad = lambda n: -(-n // 256) * 256  # noqa: E731
+    memory = f"about {s.kv_bytes / 2**20:,.0f} MiB"
     if config.kv_layout == "unified":
-        return f"unified, {pad(config.ctx_size)} cells shared by up to {config.parallel} streams; {attention}"
+        cells = pad(config.ctx_size)
+        return f"unified, {cells} cells shared by up to {config.parallel} streams ({memory}); {attention}"
     per = pad(pad(config.ctx_size) // config.parallel)
-    return f"per-seq, {config.parallel} streams of {per} cells each (--ctx-size / --parallel); {attention}"
+    return f"per-seq, {config.parallel} streams of {per} cells each ({s.why}; {memory}); {attention}"
 
 
 @main.command()
@@ -152,6 +155,14 @@ def kv_summary(config: EngineConfig) -> str:
     help="Seconds a request waits for its model to load before a 503 with Retry-After (the load goes on).",
 )
 @click.option(
+    "--alias",
+    "aliases",
+    multiple=True,
+    metavar="NAME=MODEL",
+    help="A model name clients send (claude-sonnet-4-5, gpt-5) answered by one of the served models; repeatable. "
+    "A server of one model answers to any name.",
+)
+@click.option(
     "--socket", "socket_path", default=None, help="Unix socket path [default: $XDG_RUNTIME_DIR/edgeinfer.sock]."
 )
 @click.option("--no-socket", is_flag=True, help="Serve TCP only (needs --port).")
@@ -188,6 +199,7 @@ def serve(
     max_models: int,
     idle_unload: float,
     load_timeout: float,
+    aliases: tuple[str, ...],
     **kw: Any,
 ) -> None:
     """Serve the OpenAI API (chat, completions, models) on a Unix socket.
@@ -203,7 +215,11 @@ def serve(
     if named:
         kw["model"] = named[0]
     config = engine_config(kw)
-    serving = Serving(named, models_dir, max_models, idle_unload, load_timeout)
+    pairs = [a.partition("=") for a in aliases]
+    bad = [a for a, (name, eq, target) in zip(aliases, pairs, strict=True) if not (name and eq and target)]
+    if bad:
+        raise click.UsageError(f"--alias {bad[0]}: write NAME=MODEL, e.g. --alias claude-sonnet-4-5=default")
+    serving = Serving(named, models_dir, max_models, idle_unload, load_timeout, {n: t for n, _, t in pairs})
     if no_socket and port is None:
         raise click.UsageError("--no-socket needs --port: there would be nothing to listen on")
     if no_socket and dashboard:

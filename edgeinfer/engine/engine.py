@@ -34,6 +34,7 @@ from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
 from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput, StepPlan, Stream
+from edgeinfer.engine.sizing import sized
 from edgeinfer.engine.stats import EngineStats, EngineView, SpeculationStats, build_stats, model_stats
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
@@ -69,6 +70,7 @@ class Engine:
     """Runs many streams of one model, packed into one llama_decode per step."""
 
     def __init__(self, config: EngineConfig) -> None:
+        config, self.sizing = sized(config)  # --ctx-size 0 and --parallel 0 decided from the model and memory
         self.config = config
         self.model_path = config.model
         placement = place_for(config, read_gguf(config.model)) if config.rpc else None

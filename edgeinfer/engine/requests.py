@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeinfer.errors import RequestError
+from edgeinfer.errors import ContextLengthError, RequestError
 from edgeinfer.options import SamplingParams
 
 
@@ -32,14 +32,8 @@ def check_request(tokens: list[int], n: int, params: SamplingParams, engine: Any
         n_ctx, where, fix = engine.n_ctx, "the context", "raise --ctx-size"
         room = (n_ctx - len(tokens)) // n
     if room < 1:
-        raise RequestError(f"the prompt is {len(tokens)} tokens; {where} holds {n_ctx} ({fix})", "prompt")
-    if params.max_tokens is None:
-        return min(room, engine.default_max_tokens)
-    if params.max_tokens > room:
-        each = f" for each of {n} streams" if n > 1 else ""
-        raise RequestError(
-            f"max_tokens is {params.max_tokens}, but only {room} tokens fit after the {len(tokens)}-token prompt "
-            f"in {where} of {n_ctx} cells{each} ({fix}, or lower max_tokens)",
-            "max_tokens",
-        )
-    return params.max_tokens
+        # The words Anthropic's API uses (Claude Code reads the figures and compacts), OpenAI's code (Codex acts on it).
+        raise ContextLengthError(len(tokens), n_ctx, f"{where} holds {n_ctx}: {fix}")
+    # A max_tokens beyond the room is a bound, not a promise: the answer ends at the context's end with
+    # finish "length", as llama-server's does (agents ask for 32,000 whatever the model holds).
+    return min(room, params.max_tokens if params.max_tokens is not None else engine.default_max_tokens)

@@ -45,6 +45,7 @@ def make_server(
         max_models=serving.max_models if serving else 0,
         idle_unload_s=serving.idle_unload_s if serving else 0.0,
         load_timeout_s=serving.load_timeout_s if serving else DEFAULT_LOAD_TIMEOUT_S,
+        aliases=serving.aliases if serving else None,
     )
     return make_pool_app(pool, api_key, load_in_background, max_body_mb)
 

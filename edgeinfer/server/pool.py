@@ -100,6 +100,7 @@ class ModelPool:
         max_models: int = 0,
         idle_unload_s: float = 0.0,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        aliases: dict[str, str] | None = None,
     ) -> None:
         assert specs, "a pool serves at least one model"
         self.slots = {s.name: Slot(s) for s in specs}
@@ -108,6 +109,8 @@ class ModelPool:
         for s in specs:
             for alias in (s.name, *s.aliases):
                 self._names.setdefault(alias, s.name)
+        for alias, target in (aliases or {}).items():  # --alias NAME=MODEL: the names clients send
+            self._names[alias] = self.find(target).name
         self.max_models = max_models  # 0: no bound
         self.idle_unload_s = idle_unload_s  # 0: never
         self.load_timeout_s = load_timeout_s
@@ -118,13 +121,20 @@ class ModelPool:
     # --- names --------------------------------------------------------------
 
     def find(self, name: str | None) -> Slot:
-        """The slot a request's `model` names: its id, a name given on the command line, or "default"."""
+        """The slot a request's `model` names: its id, a name given on the command line or by --alias, or
+        "default". A server of one model answers to any name, as llama-server does: agents send the names
+        of their own providers' models (Claude Code a main and a small one), which mean nothing here."""
         if name is None or name == "default":
             return self.slots[self.default]
         key = self._names.get(name)
+        if key is None and len(self.slots) == 1:
+            return self.slots[self.default]
         if key is None:
             names = ", ".join(repr(n) for n in self.slots)
-            raise ModelNotFoundError(f"model {name!r} is not served here; the models are {names} (GET /v1/models)")
+            raise ModelNotFoundError(
+                f"model {name!r} is not served here; the models are {names} (GET /v1/models); "
+                "serve --alias NAME=MODEL maps a name a client sends to one of them"
+            )
         return self.slots[key]
 
     # --- leases -------------------------------------------------------------
@@ -458,6 +468,7 @@ class Serving:
     max_models: int = DEFAULT_MAX_MODELS
     idle_unload_s: float = 0.0
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    aliases: dict[str, str] = field(default_factory=dict)  # --alias NAME=MODEL
 
 
 def dir_models(folder: Path) -> list[Path]:
