@@ -126,7 +126,7 @@ def test_quantize_refuses_to_write_over_its_source_or_an_existing_file(runner, t
 
 
 def test_bad_options_are_refused_clearly(runner):
-    result = runner.invoke(main, ["generate", "hi", "--parallel", "0"])
+    result = runner.invoke(main, ["generate", "hi", "--parallel", "-1"])
     assert result.exit_code != 0 and "--parallel" in result.output and "Traceback" not in result.output
     result = runner.invoke(main, ["bench", "--concurrency", "a,b"])
     assert result.exit_code != 0 and "comma-separated" in result.output

@@ -11,7 +11,7 @@ import pytest
 from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.workloads import QUESTIONS
 from edgeinfer.engine import make_engine
-from edgeinfer.errors import EngineClosedError, RequestError
+from edgeinfer.errors import ContextLengthError, EngineClosedError, RequestError
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import EngineConfig, SamplingParams
 
@@ -232,8 +232,9 @@ def test_prefix_reuse_gives_the_same_greedy_text(model_path):
 
 
 def test_request_errors_name_the_limit(engine):
-    with pytest.raises(RequestError, match="max_tokens"):
-        engine.submit(chat(engine, "hi"), SamplingParams(max_tokens=10**6))
+    too_long = [1] * (engine.n_ctx_stream + 1)
+    with pytest.raises(ContextLengthError, match=rf"^prompt is too long: {len(too_long)} tokens > "):
+        engine.submit(too_long, SamplingParams())
     with pytest.raises(RequestError, match="temperature") as e:
         SamplingParams(temperature=-1)
     assert e.value.param == "temperature"

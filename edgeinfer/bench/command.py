@@ -150,8 +150,9 @@ def _engine_config(
 
 
 def _fit_ctx(config: EngineConfig, user_set: set[str], workload: str, streams: int, max_tokens: int) -> None:
-    """Unless --ctx-size was given, grow the KV cache so that `streams` of the workload fit at once."""
-    if "ctx_size" in user_set:
+    """Unless --ctx-size was given or left to the engine (0: each stream the model's trained context, as the
+    KV budget holds), grow the KV cache so that `streams` of the workload fit at once."""
+    if "ctx_size" in user_set or not config.ctx_size:
         return
     need = kv_cells_needed(workload, streams, max_tokens)
     if need > config.ctx_size:
