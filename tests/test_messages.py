@@ -16,7 +16,7 @@ from edgeinfer.errors import RequestError
 from edgeinfer.events import Finish, StreamStats
 from edgeinfer.server.messages import MessagesDialect, to_chat
 from edgeinfer.server.messages_schema import CountTokensRequest, MessagesRequest, ToolResultBlock
-from edgeinfer.server.output import Done, ReasoningDelta, TextDelta, ToolCall
+from edgeinfer.server.output import Done, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 
 from . import gate
 from .conftest import raw, start_server, stop_process
@@ -179,6 +179,38 @@ def test_streamed_text_and_a_tool_call_render_anthropics_event_sequence():
     msg = Message.model_validate(whole)
     assert msg.content[0].text == "Let me look." and msg.content[1].input == {"city": "Paris"}
     assert msg.id.startswith("msg_") and msg.stop_reason == "tool_use"
+
+
+@pytest.mark.pure
+def test_a_streamed_call_sends_its_input_as_the_model_writes_it():
+    d = MessagesDialect("m", prompt_tokens=10)
+    pieces = [
+        ToolCallDelta(0, 0, "call_abc", "get_weather", ""),
+        ToolCallDelta(0, 0, "call_abc", None, '{"city": "Pa'),
+        ToolCallDelta(0, 0, "call_abc", None, 'ris"'),
+    ]
+    call = ToolCall(0, 0, "call_abc", "get_weather", '{"city": "Paris"}')
+    done = Done(0, "tool_calls", finish("stop"))
+    items = d.start(1)
+    for ev in [TextDelta(0, "Let me look."), *pieces, call, done]:
+        items += d.on(ev)
+    items += d.end([done])
+    evs = events_of(items)
+    blocks = [(n, data.get("index")) for n, data in evs if n.startswith("content_block")]
+    assert blocks == [
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_delta", 1),
+        ("content_block_delta", 1),  # the rest, sent with the whole call
+        ("content_block_stop", 1),
+    ]
+    start = next(data for n, data in evs if n == "content_block_start" and data["index"] == 1)
+    assert start["content_block"] == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {}}
+    parts = [data["delta"]["partial_json"] for n, data in evs if n == "content_block_delta" and data["index"] == 1]
+    assert parts == ['{"city": "Pa', 'ris"', "}"] and json.loads("".join(parts)) == {"city": "Paris"}
 
 
 @pytest.mark.pure
@@ -368,7 +400,6 @@ BAD = [
     ("no messages", {"model": MODEL, "max_tokens": 8}, "messages"),
     ("empty messages", {"model": MODEL, "messages": [], "max_tokens": 8}, "messages"),
     ("messages a string", {"model": MODEL, "messages": "hi", "max_tokens": 8}, "messages"),
-    ("system role", {"model": MODEL, "messages": [{"role": "system", "content": "x"}], "max_tokens": 8}, "role"),
     (
         "unknown block",
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "video"}]}], "max_tokens": 8},

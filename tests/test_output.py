@@ -11,7 +11,7 @@ from edgeinfer.engine.text import TextStream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.formats.hermes import Hermes
 from edgeinfer.server.openai_chat import ChatDialect, CompletionDialect
-from edgeinfer.server.output import PLAIN, AnswerShape, ChoiceOutput, Done, TextDelta, ToolCall, whole
+from edgeinfer.server.output import PLAIN, AnswerShape, ChoiceOutput, Done, TextDelta, ToolCall, ToolCallDelta, whole
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import _sse
 
@@ -40,21 +40,59 @@ def test_plain_text_streams_as_it_comes():
     assert out.end(f) == [Done(0, "stop", f)]
 
 
-def test_tool_calls_are_held_back_and_sent_once_at_the_end():
+def test_a_call_streams_its_arguments_as_written_then_comes_whole():
     out = ChoiceOutput(TOOLS)
-    events = [
-        ev for piece in ["Let me look. <tool", "_call>\n{", '"name": "get_weather"'] for ev in out.feed(chunk(piece))
-    ]
-    assert events == [TextDelta(0, "Let me look. ")]
+    pieces = ["Let me look. <tool", "_call>\n{", '"name": "get_weather"', ', "arguments": {"ci', 'ty": "Os', "lo"]
+    events = [ev for piece in pieces for ev in out.feed(chunk(piece))]
+    assert events[0] == TextDelta(0, "Let me look. ")
+    first, *deltas = events[1:]
+    assert isinstance(first, ToolCallDelta) and (first.call_index, first.name, first.arguments) == (
+        0,
+        "get_weather",
+        "",
+    )
+    assert first.id.startswith("call_") and len(first.id) == 29
+    assert all(isinstance(d, ToolCallDelta) and d.name is None and d.id == first.id for d in deltas)
+    assert [d.arguments for d in deltas] == ['{"ci', 'ty": "Os', "lo"]  # as written, one space after each ':'
     f = finish("Let me look. " + CALL)
-    *calls, done = out.end(f)
-    assert [(c.call_index, c.name, json.loads(c.arguments)) for c in calls] == [(0, "get_weather", {"city": "Oslo"})]
-    assert all(isinstance(c, ToolCall) and c.id.startswith("call_") and len(c.id) == 29 for c in calls)
+    *rest, call, done = out.end(f)
+    assert [d.arguments for d in rest] == ['"}']
+    assert isinstance(call, ToolCall) and (call.id, call.name, call.arguments) == (
+        first.id,
+        "get_weather",
+        '{"city": "Oslo"}',
+    )
+    assert "".join(d.arguments for d in [*deltas, *rest]) == call.arguments
     assert done == Done(0, "tool_calls", f)
-    # The whole answer: the same calls and end, the text before them trimmed.
-    before, call, end = whole(f, TOOLS)
+    # The whole answer: the same call and end, the text before them trimmed.
+    before, whole_call, end = whole(f, TOOLS)
     assert before == TextDelta(0, "Let me look.") and end == done
-    assert isinstance(call, ToolCall) and (call.name, call.arguments) == (calls[0].name, calls[0].arguments)
+    assert isinstance(whole_call, ToolCall) and (whole_call.name, whole_call.arguments) == (call.name, call.arguments)
+
+
+@pytest.mark.parametrize("cut", range(1, len(CALL)))
+def test_streamed_arguments_join_to_the_whole_call_wherever_the_text_is_cut(cut):
+    """However the text arrives, the pieces join to the arguments the whole answer has (in their one form:
+    no space but one after each ':' and ',', strings as the model wrote them)."""
+    text = 'Hi <tool_call>\n{"name":"f","arguments":{ "a" :[1, 2],"b":"x, y: \\"z\\""}}\n</tool_call>'
+    out = ChoiceOutput(TOOLS)
+    events = out.feed(chunk(text[:cut])) + out.feed(chunk(text[cut:])) + out.end(finish(text))
+    args = "".join(ev.arguments for ev in events if isinstance(ev, ToolCallDelta))
+    (call,) = [ev for ev in events if isinstance(ev, ToolCall)]
+    assert args == call.arguments == '{"a": [1, 2], "b": "x, y: \\"z\\""}'
+    assert json.loads(args) == {"a": [1, 2], "b": 'x, y: "z"'}
+    (whole_call,) = [ev for ev in whole(finish(text), TOOLS) if isinstance(ev, ToolCall)]
+    assert whole_call.arguments == call.arguments
+
+
+def test_a_streamed_call_cut_by_max_tokens_stays_a_call():
+    """Once a call's name and arguments went out, the text is not sent again as content when it is cut."""
+    out = ChoiceOutput(TOOLS)
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'
+    events = out.feed(chunk(cut)) + out.end(finish(cut, "length"))
+    assert not [ev for ev in events if isinstance(ev, TextDelta) and ev.text]
+    assert "".join(ev.arguments for ev in events if isinstance(ev, ToolCallDelta)) == '{"city": "Os'
+    assert events[-1].reason == "length"
 
 
 def test_text_that_only_looked_like_a_call_is_sent_at_the_end():
@@ -118,9 +156,12 @@ def test_chat_stream_shape():
     assert {c["id"] for c in chunks} == {dialect.id} and {c["object"] for c in chunks} == {"chat.completion.chunk"}
     deltas = [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]]
     assert deltas[:2] == [({"role": "assistant", "content": ""}, None), ({"content": "Sure. "}, None)]
-    (calls, none), end = deltas[2:]
-    assert none is None and [c["function"]["name"] for c in calls["tool_calls"]] == ["get_weather"]
-    assert calls["tool_calls"][0]["index"] == 0 and calls["tool_calls"][0]["id"].startswith("call_")
+    # The call as it is written: its id and name first, then its arguments in pieces, joined the whole call's.
+    (named, none), *pieces, end = deltas[2:]
+    assert none is None and named["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert named["tool_calls"][0]["index"] == 0 and named["tool_calls"][0]["id"].startswith("call_")
+    assert all(list(p["tool_calls"][0]) == ["index", "function"] for p, _ in pieces)
+    assert "".join(p["tool_calls"][0]["function"]["arguments"] for p, _ in pieces) == '{"city": "Oslo"}'
     assert end == ({}, "tool_calls")
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 7
     assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from edgeinfer.engine.template import ChatTemplate
+from edgeinfer.engine.template import ChatTemplate, fallback, fold_system
 from edgeinfer.errors import ModelLoadError, RequestError
 
 pytestmark = pytest.mark.pure
@@ -302,3 +302,47 @@ def test_the_generation_template_breaks_and_continues():
     assert "<think>" not in ours  # reasoning before the last user message is dropped
     assert "<think>Three calls.</think>" in render(LOOPS_AND_GENERATION, HISTORY[:-2])  # and kept after it
     assert ours.endswith("</s>[U]Thanks![A]")
+
+
+def test_a_template_that_refuses_a_later_system_message_gets_it_folded_into_the_next_user_turn():
+    """Claude Code sends a system message among the turns; many templates raise on one that is not first."""
+    strict = (
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('System message must be first') }}{% endif %}"
+        "<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    )
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "Oslo"},
+        {"role": "user", "content": "weather?"},
+    ]
+    assert ChatTemplate(strict).render(msgs, add_generation_prompt=False) == (
+        "<system>S</system><user>hi</user><user>Oslo\n\nweather?</user>"
+    )
+    # A template that takes it gets it in place.
+    assert "<system>Oslo</system>" in ChatTemplate(strict.replace("not loop.first", "false")).render(msgs)
+    # Last of all, it goes to the end of the last user turn.
+    assert fold_system(msgs[:3])[1] == {"role": "user", "content": "hi\n\nOslo"}
+
+
+class Vocab:
+    def __init__(self, special: dict[str, int], eog: set[int]) -> None:
+        self.special, self.eog = special, eog
+
+    def special_token(self, text):
+        return self.special.get(text)
+
+    def is_eog(self, token):
+        return token in self.eog
+
+
+def test_a_model_without_a_template_gets_the_layout_its_vocabulary_knows_and_a_stop_at_its_end():
+    gemma = Vocab({"<start_of_turn>": 105, "<end_of_turn>": 106}, eog={1})
+    layout, stops = fallback(gemma)
+    assert "<start_of_turn>" in layout and stops == ("<end_of_turn>",)  # written as a token, not ending generation
+    assert fallback(Vocab({"<start_of_turn>": 105, "<end_of_turn>": 106}, eog={106}))[1] == ()
+    layout, stops = fallback(Vocab({}, set()))
+    assert "<|im_start|>" in layout and stops == ("<|im_end|>",)
+    rendered = ChatTemplate(layout).render([{"role": "user", "content": "hi"}])
+    assert rendered.endswith("<|im_start|>assistant\n")

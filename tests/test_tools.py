@@ -365,6 +365,7 @@ class TemplateEngine:
         self.vocab = self
         self.rendered = ""
         self.grammars = self
+        self.sampling_defaults = {}  # the GGUF recommends no sampling
 
     def chat_text(self, messages, tools=None):
         self.rendered = self.template.render(messages, tools=tools)

@@ -44,7 +44,7 @@ from edgeinfer.formats import reasoning, select
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
 from edgeinfer.llamacpp.rpc import place_for
 from edgeinfer.models.gguf import read_gguf
-from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.options import EngineConfig, SamplingParams, model_sampling
 from edgeinfer.speculative.speculator import Speculator
 
 
@@ -59,6 +59,9 @@ class BetweenSteps(Protocol):
 
     def fail(self, error: BaseException) -> None:
         """The engine stopped: the queued work ends with `error` (the engine's lock is held)."""
+
+
+BASE_MODEL_TOKENS = 512  # where the server ends a base model's chat turn (it has no chat template to end one)
 
 
 def make_engine(config: EngineConfig) -> Engine:
@@ -103,10 +106,13 @@ class Engine:
         self.vocab.show([m for f in select.KNOWN.values() for m in f.markers])
         self.vocab.show([tag for t in reasoning.KNOWN for tag in (t.open, t.close)])
         self.template = ChatTemplate.for_model(self.model)
+        self.sampling_defaults = model_sampling(self.model.info.metadata)  # what the GGUF recommends, if anything
         self.n_ctx = self.ctx.n_ctx
         self.per_seq = not self.ctx.kv_unified
         self.n_ctx_stream = self.ctx.n_ctx_seq if self.per_seq else self.n_ctx  # what one stream can hold
-        self.default_max_tokens = max(256, self.n_ctx // config.parallel)
+        # An answer whose request names no bound runs to the end of its stream's context, as llama-server's does
+        # (a base model's chat turn is bounded by the server: server/run.py).
+        self.default_max_tokens = self.n_ctx_stream
         self.store = make_store(config, self.model, self.ctx)
         self.sched = Scheduler(
             ContextKv(self.ctx, self.store),

@@ -23,10 +23,30 @@ from edgeinfer.llamacpp import Model
 
 ROLES = ("system", "user", "assistant", "tool")
 
-# Used only when a model ships no template: the ChatML layout most small models know.
+# Used only when a model ships no template: the layout whose turn markers its vocabulary holds as special tokens
+# (a base model was trained with them even if its GGUF names no template), else ChatML written as text.
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Gemma's turns: user and model, a system prompt at the head of the first user turn.
+GEMMA = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m.role == 'system' %}{% set ns.system = ns.system + m.content + '\n\n' %}"
+    "{% else %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
+    "{% if m.role != 'assistant' %}{{ ns.system }}{% set ns.system = '' %}{% endif %}{{ m.content }}<end_of_turn>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+# (the turn's opening marker, its end marker, the layout), most common first.
+FALLBACKS = (
+    ("<|im_start|>", "<|im_end|>", CHATML),
+    ("<start_of_turn>", "<end_of_turn>", GEMMA),
+    ("<|start_header_id|>", "<|eot_id|>", LLAMA3),
 )
 
 # The names a message's reasoning may come under; templates read the first (Qwen3, DeepSeek-R1) or
@@ -120,8 +140,12 @@ def environment() -> ImmutableSandboxedEnvironment:
 class ChatTemplate:
     """Renders a list of {role, content} messages with a model's template."""
 
-    def __init__(self, source: str | None, bos: str = "", eos: str = "") -> None:
+    def __init__(self, source: str | None, bos: str = "", eos: str = "", stops: tuple[str, ...] = ()) -> None:
         self.source = source or CHATML
+        self.fallback = False  # the model carries no template: a layout chosen from its vocabulary (fallback())
+        # Text that ends the answer though the vocabulary does not end generation on it: the end marker of a
+        # fallback layout written as text (added to every request's stop strings).
+        self.stops = stops
         try:
             self._tmpl = environment().from_string(self.source)
         except jinja2.TemplateError as e:
@@ -136,12 +160,30 @@ class ChatTemplate:
         def text(token: int) -> str:
             return vocab.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
 
-        return cls(model.chat_template(), bos=text(vocab.bos), eos=text(vocab.eos))
+        bos, eos = text(vocab.bos), text(vocab.eos)
+        source = model.chat_template()
+        if source:
+            return cls(source, bos=bos, eos=eos)
+        layout, stops = fallback(vocab)
+        template = cls(layout, bos=bos, eos=eos, stops=stops)
+        template.fallback = True
+        return template
 
     def render(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[Any] | None = None
     ) -> str:
+        """The prompt text. A system message after the first (Claude Code sends one) is taken in place; a template
+        that refuses it there gets it at the head of the next user message instead."""
         check_messages(messages)
+        try:
+            return self._render(messages, add_generation_prompt, tools)
+        except RequestError:
+            folded = fold_system(messages)
+            if folded is messages:
+                raise
+            return self._render(folded, add_generation_prompt, tools)
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[Any] | None) -> str:
         try:
             return self._tmpl.render(
                 messages=template_messages(messages),
@@ -171,6 +213,39 @@ class ChatTemplate:
             return "probe_tool_x" in self.render(probe, tools=[tool])
         except RequestError:
             return False
+
+
+def fallback(vocab: Any) -> tuple[str, tuple[str, ...]]:
+    """The layout for a model whose GGUF carries no template, and the stop strings it needs: the first layout
+    whose markers are special tokens of the vocabulary (its end marker a stop unless the vocabulary ends
+    generation on it), else ChatML as text with <|im_end|> a stop string."""
+    for opening, end, layout in FALLBACKS:
+        start, stop = vocab.special_token(opening), vocab.special_token(end)
+        if start is not None and stop is not None:
+            return layout, () if vocab.is_eog(stop) else (end,)
+    return CHATML, ("<|im_end|>",)
+
+
+def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each system message after the first message put at the head of the user message that follows it (or,
+    with none after it, of the one before); messages itself when there is none such."""
+    if not any(m.get("role") == "system" for m in messages[1:]):
+        return messages
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for i, m in enumerate(messages):
+        if i > 0 and m.get("role") == "system":
+            pending.append(m.get("content") or "")
+            continue
+        if pending and m.get("role") == "user":
+            m = {**m, "content": "\n\n".join([*pending, m.get("content") or ""])}
+            pending = []
+        out.append(m)
+    if pending:
+        users = [i for i, m in enumerate(out) if m.get("role") == "user"]
+        at = users[-1] if users else len(out) - 1
+        out[at] = {**out[at], "content": "\n\n".join([out[at].get("content") or "", *pending])}
+    return out
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from edgeinfer.engine.grammar import JSON_OPTIONS, closed
+from edgeinfer.formats.partial import Scanner, Tidy
 
 MAX_CALLS = 8  # calls in one answer (a small model left free repeats one call until max_tokens)
 
@@ -28,6 +29,16 @@ class Call:
     name: str
     arguments: str  # JSON text of an object
     id: str | None = None  # the id the model wrote, where its format has one
+
+
+@dataclass(slots=True)
+class CallPiece:
+    """A call being written: the first piece of a call has its name (arguments ""), the next ones each the
+    next text of its arguments. The whole Call follows once complete, its arguments these pieces joined."""
+
+    call_index: int  # 0, 1, ... within the answer
+    name: str | None
+    arguments: str
 
 
 @dataclass(slots=True)
@@ -131,6 +142,12 @@ class ToolFormat:
         final=False while streaming: text may end inside a call, and only complete calls count."""
         raise NotImplementedError
 
+    def next_object(self, text: str, after: int) -> int:
+        """Where the next call object ("{") begins in text at or after `after`, for a family whose calls'
+        arguments stream as they are written; -1 when none has begun (yet), and always for a family whose
+        calls come whole once complete (the default)."""
+        return -1
+
     def opening_at(self, text: str) -> int:
         """Where the calls begin in text; -1 when they do not (yet)."""
         return text.find(self.opening) if self.opening else -1
@@ -141,7 +158,9 @@ class ToolFormat:
 
 
 class CallStream:
-    """One streamed choice's text: content as soon as it cannot begin a call, and each call once complete."""
+    """One streamed choice's text: content as soon as it cannot begin a call, each call's arguments as they
+    are written (CallPiece, where the family streams them: `pieces` gathers them until taken), and each call
+    once complete."""
 
     def __init__(self, fmt: ToolFormat) -> None:
         self.fmt = fmt
@@ -149,6 +168,10 @@ class CallStream:
         self.sent = 0  # characters of text given out as content
         self.in_calls = False
         self.calls = 0  # calls given out
+        self.pieces: list[CallPiece] = []
+        self._scanners: list[Scanner] = []  # the call objects begun, in order
+        self._tidy: dict[int, Tidy] = {}  # by call index: the calls whose arguments stream
+        self._fed: dict[int, int] = {}  # by call index: where in text its arguments were read to
 
     def feed(self, delta: str) -> tuple[str, list[Call]]:
         self.text += delta
@@ -170,16 +193,47 @@ class CallStream:
         if text is not None and text.startswith(self.text[: self.sent]):
             self.text = text
         calls = self._new_calls(final=True)
-        if self.calls == 0:
+        if self.calls == 0 and not self._tidy:  # a call that began streaming and was cut stays a call
             out, self.sent = self.text[self.sent :], len(self.text)
             return out, []
         return "", calls
 
+    def streamed(self, call_index: int) -> str | None:
+        """The arguments' text given out in pieces for this call; None when it was not streamed."""
+        t = self._tidy.get(call_index)
+        return "".join(t.out) if t is not None else None
+
+    def take_pieces(self) -> list[CallPiece]:
+        out, self.pieces = self.pieces, []
+        return out
+
     def _new_calls(self, final: bool) -> list[Call]:
+        self._stream_arguments()
         _, found = self.fmt.parse(self.text, final)
         fresh = found[self.calls :]
         self.calls = max(self.calls, len(found))
         return fresh
+
+    def _stream_arguments(self) -> None:
+        """The pieces of the calls being written (each text character is read once)."""
+        while True:
+            if not self._scanners or self._scanners[-1].done:
+                after = self._scanners[-1].end if self._scanners else 0
+                at = self.fmt.next_object(self.text, after)
+                if at < 0:
+                    return
+                self._scanners.append(Scanner(at))
+            k, s = len(self._scanners) - 1, self._scanners[-1].feed(self.text)
+            if s.name is not None and s.args_object and k >= self.calls:
+                if k not in self._tidy:
+                    self._tidy[k], self._fed[k] = Tidy(), s.args_start
+                    self.pieces.append(CallPiece(k, s.name, ""))
+                upto = s.args_end if s.args_end >= 0 else len(self.text)
+                if piece := self._tidy[k].feed(self.text[self._fed[k] : upto]):
+                    self.pieces.append(CallPiece(k, None, piece))
+                self._fed[k] = upto
+            if not s.done:
+                return
 
 
 # --- helpers the families share --------------------------------------------------

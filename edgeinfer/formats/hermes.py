@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from edgeinfer.formats.base import MAX_CALLS, Call, ToolFormat, ToolSpec, call_schema, json_objects
+from edgeinfer.formats.partial import Scanner, tidy
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -52,6 +53,15 @@ class Hermes(ToolFormat):
             start = f"start: answer | {opening} body more"  # a response_format answer, or calls
         return f"{start}\n{answer}\n{body}\n"
 
+    def next_object(self, text: str, after: int) -> int:
+        at = text.find(OPEN, after)
+        if at < 0:
+            return -1
+        pos = at + len(OPEN)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        return pos if text.startswith("{", pos) else -1
+
     def parse(self, text: str, final: bool) -> tuple[str | None, list[Call]]:
         # A call is complete once its JSON object closes, streaming or not.
         start = text.find(OPEN)
@@ -63,12 +73,23 @@ class Hermes(ToolFormat):
             found = json_objects(text, pos + len(OPEN))
             if not found:
                 break
-            obj, _, end = found[0]
+            obj, begin, end = found[0]
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
                 break
-            calls.append(Call(obj["name"], json.dumps(obj.get("arguments", {}), ensure_ascii=False)))
+            calls.append(Call(obj["name"], _arguments(text, begin, end, obj.get("arguments", {}))))
             pos = text.find(OPEN, end)
         if not calls:
             return text, []
         before = text[:start].strip()
         return before or None, calls
+
+
+def _arguments(text: str, begin: int, end: int, value: Any) -> str:
+    """A call's arguments as JSON text: as the model wrote an object, in the form they stream in (partial.tidy),
+    so that a streamed call and a whole one say the same; otherwise its value written out."""
+    s = Scanner(begin).feed(text[:end])
+    if s.args_object and s.args_end > s.args_start:
+        written = tidy(text[s.args_start : s.args_end])
+        if json.loads(written) == value:
+            return written
+    return json.dumps(value, ensure_ascii=False)

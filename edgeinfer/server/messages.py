@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from edgeinfer.errors import RequestError
+from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.messages_schema import (
     CountTokensRequest,
     MessageParam,
@@ -38,7 +39,7 @@ from edgeinfer.server.messages_schema import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
+from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from edgeinfer.server.run import chat_input, run_chat
 from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import ERROR_SHAPES, authorized, server_state
@@ -74,25 +75,50 @@ ERROR_SHAPES["/v1/messages"] = error_body
 # --- the request, translated ----------------------------------------------------
 
 SEPARATOR = "\n\n"  # between the text blocks of one message or of the system prompt
+# Claude Code opens its system prompt with this line for Anthropic's billing. Its figures have changed
+# from one request to the next in some versions: kept, it would make every turn's prompt new from its
+# first tokens and cost the whole prefix cache. It means nothing here, so it is taken out.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def system_text(system: str | list[TextBlock] | None) -> str:
+    """The system prompt's text, Claude Code's billing line taken out."""
+    blocks = [system] if isinstance(system, str) else [b.text for b in system or []]
+    kept = []
+    for text in blocks:
+        lines = [ln for ln in text.split("\n") if not ln.startswith(BILLING_HEADER)]
+        if any(ln.strip() for ln in lines):
+            kept.append("\n".join(lines))
+    return SEPARATOR.join(kept)
+
+
+def ignored_in(body: MessagesBody) -> list[str]:
+    """The fields (and Claude Code's billing line) of a body that change nothing here, for the stats."""
+    found = ignored_fields(body)
+    blocks = [body.system] if isinstance(body.system, str) else [b.text for b in body.system or []]
+    if any(BILLING_HEADER in text for text in blocks):
+        found.append("system.x-anthropic-billing-header")
+    return found
 
 
 def to_chat(body: MessagesBody) -> ChatRequest:
     """The internal request a Messages body stands for (max_tokens and sampling only from a MessagesRequest)."""
     messages: list[dict[str, Any]] = []
-    system = body.system if not isinstance(body.system, list) else SEPARATOR.join(b.text for b in body.system)
+    system = system_text(body.system)
     if system:
         messages.append({"role": "system", "content": system})
     calls: dict[str, str] = {}  # the tool_use ids made so far, to their tool's name: a tool_result answers one
     for i, m in enumerate(body.messages):
         messages.extend(_turn(i, m, calls))
     values: dict[str, Any] = {"model": body.model, "messages": messages}
-    if body.tools:
+    offered = [t for t in body.tools or [] if not t.defer_loading]  # a deferred tool is not shown until loaded
+    if offered:
         values["tools"] = [
             {
                 "type": "function",
                 "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
             }
-            for t in body.tools
+            for t in offered
         ]
         choice = body.tool_choice
         if choice is not None and choice.type == "tool":
@@ -141,6 +167,8 @@ def _turn(i: int, m: MessageParam, calls: dict[str, str]) -> list[dict[str, Any]
     a user turn is its tool results, each a tool message, and its text, in the order sent."""
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
+    if m.role == "system":  # Claude Code's notes in the middle of the conversation, kept where they are
+        return [{"role": "system", "content": SEPARATOR.join(b.text for b in m.content if isinstance(b, TextBlock))}]
     if m.role == "assistant":
         uses = [b for b in m.content if isinstance(b, ToolUseBlock)]
         calls.update((b.id, b.name) for b in uses)
@@ -213,8 +241,8 @@ class MessagesDialect:
     """The neutral events of one answer as Anthropic's message (whole) or its stream of events.
 
     Blocks open as their events come: text (or thinking) deltas go into the open block of their kind
-    or open a new one; a tool call is a tool_use block of its own, its input sent as one
-    input_json_delta (calls come whole from output.py, once made).
+    or open a new one; a tool call is a tool_use block of its own, its input sent in input_json_delta
+    pieces as the model writes it where the call streams, in one where it comes whole.
     """
 
     terminal: str | None = None  # no [DONE]: message_stop ends the stream
@@ -224,7 +252,8 @@ class MessagesDialect:
         self.prompt_tokens = prompt_tokens  # for message_start; message_delta gives the final figures
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.blocks = 0  # content blocks opened so far
-        self.open: str | None = None  # the kind of the open block: "text", "thinking", or None
+        self.open: str | None = None  # the kind of the open block: "text", "thinking", "tool_use", or None
+        self.sent = ""  # the open tool_use block's input sent so far
         self.failed = False  # an error event was sent: it ends the stream, nothing follows it
 
     def _message(self, content: list[dict[str, Any]], reason: str | None, seq: str | None) -> dict[str, Any]:
@@ -272,14 +301,30 @@ class MessagesDialect:
             self.open = kind
             delta = {"type": "text_delta", "text": ev.text} if kind == "text" else _thinking_delta(ev.text)
             return [*out, _sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta})]
+        if isinstance(ev, ToolCallDelta):
+            out = []
+            if ev.name is not None:
+                out = self._open({"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": {}})
+                self.open, self.sent = "tool_use", ""
+            elif ev.arguments:
+                self.sent += ev.arguments
+                out.append(self._input(ev.arguments))
+            return out
         if isinstance(ev, ToolCall):
-            block = {"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": {}}
-            out = self._open(block)
-            delta = {"type": "input_json_delta", "partial_json": ev.arguments}
-            out.append(_sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}))
+            if self.open == "tool_use":  # it streamed: the rest of its input, if any
+                rest = ev.arguments[len(self.sent) :] if ev.arguments.startswith(self.sent) else ""
+                out = [self._input(rest)] if rest else []
+            else:
+                out = self._open({"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": {}})
+                out.append(self._input(ev.arguments))
+            self.open = None
             out.append(_sse({"type": "content_block_stop", "index": self.blocks - 1}))
             return out
         return self._close()  # Done: the last block ends; end() says why
+
+    def _input(self, partial_json: str) -> dict[str, str]:
+        delta = {"type": "input_json_delta", "partial_json": partial_json}
+        return _sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta})
 
     def end(self, done: list[Done]) -> list[dict[str, str]]:
         d = done[0]
@@ -332,6 +377,7 @@ router = APIRouter(dependencies=[Depends(authorized)])
 @router.post("/v1/messages")
 async def create_message(request: Request, body: MessagesRequest) -> Any:
     state = server_state(request)
+    state.ignored.note("messages", ignored_in(body))
     req = to_chat(body)
     return await run_chat(request, state, req, lambda model, n: MessagesDialect(model, n), body.stream)
 

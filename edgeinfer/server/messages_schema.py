@@ -9,7 +9,7 @@ behind edgeinfer reads text and runs no tools of its own.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -37,6 +37,7 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"cache_control", "citations"})
     citations: list[dict[str, Any]] | None = None  # accepted, not used
 
 
@@ -48,6 +49,7 @@ class ToolUseBlock(_Strict):
     name: str = Field(pattern=TOOL_NAME)
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"cache_control", "caller", "toolset_name"})
     caller: dict[str, Any] | None = None  # sent back by SDKs that echo a response block; not used
     toolset_name: str | None = None
 
@@ -73,6 +75,7 @@ class ToolResultBlock(_Strict):
     content: str | Annotated[list[TextBlock], Field(max_length=MAX_PARTS)] = ""
     is_error: bool = False
     cache_control: CacheControl | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"cache_control", "toolset_name"})
     toolset_name: str | None = None
 
     @field_validator("content", mode="before")
@@ -91,6 +94,7 @@ class ThinkingBlock(_Strict):
     thinking: str
     signature: str | None = None
     cache_control: CacheControl | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"cache_control"})
 
 
 class RedactedThinkingBlock(_Strict):
@@ -104,8 +108,11 @@ Block = Annotated[
 
 
 class MessageParam(_Strict):
-    role: Literal["user", "assistant"]
+    # "system": Claude Code sends one inside messages (its environment notes), taken in place.
+    role: Literal["user", "assistant", "system"]
     content: str | Annotated[list[Block], Field(max_length=MAX_PARTS)]
+    output_config: dict[str, Any] | None = None  # Claude Code's, on that system message: ignored
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"output_config"})
 
     @field_validator("content", mode="before")
     @classmethod
@@ -119,6 +126,8 @@ class MessageParam(_Strict):
                 raise ValueError(f"block {j} is a tool_use block; only assistant messages make tool calls")
             if b.type == "tool_result" and self.role != "user":
                 raise ValueError(f"block {j} is a tool_result block; tool results go in a user message")
+            if self.role == "system" and b.type != "text":
+                raise ValueError(f"block {j} is a {b.type} block; a system message holds text blocks")
         return self
 
 
@@ -131,7 +140,14 @@ class ToolDef(_Strict):
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
     strict: bool | None = None  # every call is held to its schema either way
-    eager_input_streaming: bool | None = None  # a call is sent whole once made, either way
+    eager_input_streaming: bool | None = None  # a call's input streams as written, either way
+    # Deferred: not shown to the model until the client loads it (Anthropic's tool search); left out here.
+    defer_loading: bool | None = None
+    allowed_callers: list[Any] | None = None
+    input_examples: list[Any] | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {"cache_control", "strict", "eager_input_streaming", "allowed_callers", "input_examples"}
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +193,8 @@ class ThinkingConfig(_Strict):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
     display: Literal["summarized", "omitted"] | None = None
+    block_binding: Any = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"display", "block_binding"})
 
 
 class JsonOutputFormat(_Strict):
@@ -187,6 +205,8 @@ class JsonOutputFormat(_Strict):
 class OutputConfig(_Strict):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # accepted; no such setting here
     format: JsonOutputFormat | None = None  # enforced like chat's response_format json_schema
+    task_budget: Any = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"effort", "task_budget"})
 
 
 class Metadata(_Strict):
@@ -203,12 +223,39 @@ class MessagesBody(_Strict):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
-    # Accepted, and change nothing on a local server.
+    # Accepted, and change nothing on a local server (IGNORED: counted, logged once).
     cache_control: CacheControl | None = None
     speed: Literal["standard", "fast"] | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
     inference_geo: str | None = None
+    context_management: dict[str, Any] | None = None  # Claude Code's (clear old thinking): there is none to clear
+    diagnostics: Any = None
+    betas: list[str] | None = None
+    billing_policy: Any = None
+    fallback_credit_token: str | None = None
+    fallbacks: list[Any] | None = None
+    thread: Any = None
+    compaction: Any = None
+    container: Any = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "cache_control",
+            "speed",
+            "user_profile_id",
+            "workspace_id",
+            "inference_geo",
+            "context_management",
+            "diagnostics",
+            "betas",
+            "billing_policy",
+            "fallback_credit_token",
+            "fallbacks",
+            "thread",
+            "compaction",
+            "container",
+        }
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -249,6 +296,7 @@ class MessagesRequest(MessagesBody):
     ignore_eos: bool = False  # edgeinfer's extension, as in chat completions: run to max_tokens (benchmarks)
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    IGNORED: ClassVar[frozenset[str]] = MessagesBody.IGNORED | {"metadata", "service_tier"}
 
 
 class CountTokensRequest(MessagesBody):

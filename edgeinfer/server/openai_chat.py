@@ -11,8 +11,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from edgeinfer.events import Finish, StreamStats, TokenLogprob
-from edgeinfer.server.output import PLAIN, Done, Event, ReasoningDelta, TextDelta, ToolCall
-from edgeinfer.server.run import run_chat
+from edgeinfer.server.lenient import ignored_fields
+from edgeinfer.server.output import PLAIN, Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
+from edgeinfer.server.run import model_defaults, run_chat
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
 from edgeinfer.server.state import authorized, server_state
 from edgeinfer.server.streaming import SSEItem, respond, sse_data, submit
@@ -23,6 +24,7 @@ router = APIRouter(dependencies=[Depends(authorized)])
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, req: ChatRequest) -> Any:
     state = server_state(request)
+    state.ignored.note("chat.completions", ignored_fields(req))
     usage = bool(req.stream_options and req.stream_options.include_usage)
     return await run_chat(request, state, req, lambda model, _: ChatDialect(model, req.logprobs, usage), req.stream)
 
@@ -30,13 +32,14 @@ async def chat_completions(request: Request, req: ChatRequest) -> Any:
 @router.post("/v1/completions")
 async def completions(request: Request, req: CompletionRequest) -> Any:
     state = server_state(request)
+    state.ignored.note("completions", ignored_fields(req))
     async with state.lease(req.model) as slot:
         engine = slot.engine
         assert engine is not None  # a leased slot stays loaded
         prompt = req.prompt_input()
         if isinstance(prompt, str) and prompt:
             prompt = await asyncio.to_thread(engine.tokenize, prompt)
-        handles = await submit(engine, prompt, req.to_sampling(), req.n)
+        handles = await submit(engine, prompt, model_defaults(req.to_sampling(), req, engine), req.n)
         usage = bool(req.stream_options and req.stream_options.include_usage)
         dialect = CompletionDialect(slot.name, req.logprobs is not None, usage)
         return await respond(request, state, handles, dialect, req.stream, PLAIN)
@@ -140,7 +143,9 @@ class _OpenAI:
 
 
 class ChatDialect(_OpenAI):
-    """chat.completion and chat.completion.chunk; a choice's tool calls go out in one chunk, before its end."""
+    """chat.completion and chat.completion.chunk. A tool call that streams goes out as the model writes it (its
+    id and name, then its arguments in pieces); one that comes whole goes out with the choice's other whole
+    calls in one chunk, before its end."""
 
     prefix = "chatcmpl"
     chunk_name = "chat.completion.chunk"
@@ -148,6 +153,7 @@ class ChatDialect(_OpenAI):
     def __init__(self, model: str, logprobs: bool, include_usage: bool = False) -> None:
         super().__init__(model, logprobs, include_usage)
         self.calls: dict[int, list[ToolCall]] = {}  # by choice, until its Done
+        self.streamed: dict[tuple[int, int], str] = {}  # (choice, call) -> the arguments sent so far
 
     def start(self, n: int) -> list[SSEItem]:
         return [sse_data(self._delta(i, {"role": "assistant", "content": ""})) for i in range(n)]
@@ -160,9 +166,23 @@ class ChatDialect(_OpenAI):
             return [sse_data(self._delta(ev.index, {"content": ev.text}, lp=lp))]
         if isinstance(ev, ReasoningDelta):
             return [sse_data(self._delta(ev.index, {"reasoning_content": ev.text}))]
+        if isinstance(ev, ToolCallDelta):
+            if ev.name is not None:
+                self.streamed[ev.index, ev.call_index] = ""
+                named = ToolCall(ev.index, ev.call_index, ev.id, ev.name, "")
+                fragment: dict[str, Any] = {"index": ev.call_index, **_call(named)}
+            else:
+                self.streamed[ev.index, ev.call_index] += ev.arguments
+                fragment = {"index": ev.call_index, "function": {"arguments": ev.arguments}}
+            return [sse_data(self._delta(ev.index, {"tool_calls": [fragment]}))]
         if isinstance(ev, ToolCall):
-            self.calls.setdefault(ev.index, []).append(ev)
-            return []
+            sent = self.streamed.pop((ev.index, ev.call_index), None)
+            if sent is None:
+                self.calls.setdefault(ev.index, []).append(ev)
+                return []
+            rest = ev.arguments[len(sent) :] if ev.arguments.startswith(sent) else ""
+            fragment = {"index": ev.call_index, "function": {"arguments": rest}}
+            return [sse_data(self._delta(ev.index, {"tool_calls": [fragment]}))] if rest else []
         out = []
         if calls := self.calls.pop(ev.index, []):
             fragments = [{"index": c.call_index, **_call(c)} for c in calls]

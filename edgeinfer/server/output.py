@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeinfer.events import Chunk, Finish, TokenLogprob
-from edgeinfer.formats.base import Call, CallStream, ToolFormat
+from edgeinfer.formats.base import Call, CallPiece, CallStream, ToolFormat
 from edgeinfer.formats.reasoning import ReasoningSplit, Thinking, split
 
 
@@ -34,8 +34,22 @@ class ReasoningDelta:
 
 
 @dataclass(slots=True)
+class ToolCallDelta:
+    """A tool call as the model writes it (families whose calls are JSON objects): the first of a call has its
+    id and name and no arguments, the next ones its arguments' next text. Its ToolCall follows once complete,
+    its arguments these texts joined."""
+
+    index: int  # which choice
+    call_index: int
+    id: str
+    name: str | None  # on the first only
+    arguments: str
+
+
+@dataclass(slots=True)
 class ToolCall:
-    """One complete tool call of a choice; sent once, after the choice's text, before its Done."""
+    """One complete tool call of a choice; sent once, after the choice's text (and its ToolCallDeltas, where it
+    streamed), before its Done."""
 
     index: int  # which choice
     call_index: int  # 0, 1, ... within the choice
@@ -59,7 +73,7 @@ class Done:
     reasoning_tokens: int = 0  # of the choice's tokens, those inside its thinking block
 
 
-Event = TextDelta | ReasoningDelta | ToolCall | Done
+Event = TextDelta | ReasoningDelta | ToolCallDelta | ToolCall | Done
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +83,9 @@ class AnswerShape:
     calls: ToolFormat | None = None  # the family's format, when the request offered tools
     thinking: Thinking | None = None  # the tags thinking is split from the answer at (None: not split)
     started: bool = False  # the prompt opened the thinking block
+    # A base model's turn (no chat template: it never ends one) ends at this many tokens: the server's end of
+    # the turn, reported as "stop", not as the client's max_tokens reached.
+    turn_end: int | None = None
 
 
 PLAIN = AnswerShape()
@@ -82,6 +99,7 @@ class ChoiceOutput:
         self.split = ReasoningSplit(shape.thinking, shape.started) if shape.thinking is not None else None
         self.calls = CallStream(shape.calls) if shape.calls is not None else None
         self.n_calls = 0
+        self.ids: dict[int, str] = {}  # by call index: the ids of calls that streamed (the ToolCall keeps it)
         self.reasoning_tokens = 0
 
     def feed(self, chunk: Chunk) -> list[Event]:
@@ -98,6 +116,7 @@ class ChoiceOutput:
             text, calls = self.calls.feed(text)
         if text or chunk.logprob is not None:
             out.append(TextDelta(chunk.index, text, chunk.logprob))
+        out.extend(self._pieces(chunk.index))
         out.extend(self._calls(chunk.index, calls))
         return out
 
@@ -119,14 +138,30 @@ class ChoiceOutput:
             calls = []
         if text:
             out.append(TextDelta(finish.index, text))
+        out.extend(self._pieces(finish.index))
         out.extend(self._calls(finish.index, calls))
-        out.append(_done(finish, self.n_calls > 0, self.reasoning_tokens))
+        out.append(_done(finish, self.n_calls > 0, self.reasoning_tokens, self.shape.turn_end))
         return out
 
+    def _pieces(self, index: int) -> list[ToolCallDelta]:
+        if self.calls is None:
+            return []
+        return [self._piece(index, p) for p in self.calls.take_pieces()]
+
+    def _piece(self, index: int, p: CallPiece) -> ToolCallDelta:
+        assert self.shape.calls is not None
+        if p.call_index not in self.ids:
+            self.ids[p.call_index] = self.shape.calls.new_id()
+        return ToolCallDelta(index, p.call_index, self.ids[p.call_index], p.name, p.arguments)
+
     def _calls(self, index: int, calls: list[Call]) -> list[ToolCall]:
-        assert self.shape.calls is not None or not calls
-        out = [_event(self.shape.calls, index, self.n_calls + i, c) for i, c in enumerate(calls)]  # type: ignore[arg-type]
-        self.n_calls += len(out)
+        fmt = self.shape.calls
+        assert fmt is not None or not calls
+        out = []
+        for c in calls:
+            k, streamed = self.n_calls, self.ids.get(self.n_calls)
+            out.append(ToolCall(index, k, streamed, c.name, c.arguments) if streamed else _event(fmt, index, k, c))  # type: ignore[arg-type]
+            self.n_calls += 1
         return out
 
 
@@ -142,7 +177,7 @@ def whole(finish: Finish, shape: AnswerShape) -> list[Event]:
     if before:
         out.append(TextDelta(finish.index, before))
     out.extend(_event(fmt, finish.index, i, c) for i, c in enumerate(found) if fmt is not None)
-    out.append(_done(finish, bool(found)))
+    out.append(_done(finish, bool(found), 0, shape.turn_end))
     return out
 
 
@@ -154,8 +189,10 @@ def _event(fmt: ToolFormat, index: int, call_index: int, call: Call) -> ToolCall
     return ToolCall(index, call_index, fmt.call_id(call), call.name, call.arguments)
 
 
-def _done(finish: Finish, called: bool, reasoning_tokens: int = 0) -> Done:
+def _done(finish: Finish, called: bool, reasoning_tokens: int = 0, turn_end: int | None = None) -> Done:
     reason = finish.finish_reason  # stop | length | cancelled | error
+    if reason == "length" and turn_end is not None and finish.stats.completion_tokens == turn_end:
+        reason = "stop"  # the server ended a base model's turn
     if reason == "stop" and called:
         reason = "tool_calls"
     elif reason == "stop" and finish.stop_sequence is not None:

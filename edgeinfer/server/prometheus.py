@@ -109,3 +109,19 @@ def _families(snap: EngineStats, m: Any) -> Iterator[Metric]:
         yield by_pos
     yield _histogram("edgeinfer_time_to_first_token_seconds", "Submit to first token.", m.ttft_hist)
     yield _histogram("edgeinfer_inter_token_latency_seconds", "Time between a stream's tokens.", m.itl_hist)
+
+
+class IgnoredCollector(Collector):
+    """edgeinfer_ignored_fields_total{api, field}: requests that carried a field the server takes and ignores."""
+
+    def __init__(self, ignored: Any) -> None:
+        self._ignored = ignored
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "edgeinfer_ignored_fields", "Requests carrying a field that means nothing here.", labels=["api", "field"]
+        )
+        for api, fields in self._ignored.snapshot().items():
+            for field, n in fields.items():
+                family.add_metric([api, field], n)
+        yield family

@@ -15,14 +15,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
-from edgeinfer.errors import RequestError
+from edgeinfer.errors import ContextLengthError, RequestError
+from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.responses_render import ResponsesDialect
 from edgeinfer.server.responses_schema import (
     FormatJsonSchema,
     FormatText,
-    FunctionTool,
     NamedFunction,
     ResponsesRequest,
+    ToolSet,
     parse_items,
     parse_tool_choice,
     parse_tools,
@@ -41,10 +42,13 @@ def _text(content: str | list[dict[str, Any]]) -> str:
     return "".join(p.get("text", p.get("refusal", "")) for p in content)
 
 
-def chat_messages(instructions: str | None, items: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
+def chat_messages(
+    instructions: str | None, items: list[dict[str, Any]], first: int = 0, tools: ToolSet | None = None
+) -> list[dict[str, Any]]:
     """Checked items as chat messages: function_call items join the assistant message before them as
-    tool_calls; function_call_output items become tool messages answering a call made earlier.
-    `first` is the index of the request's own first item in `items` (earlier ones came from the store)."""
+    tool_calls (a namespace's function under the name the model knows it by); function_call_output items
+    become tool messages answering a call made earlier. `first` is the index of the request's own first
+    item in `items` (earlier ones came from the store)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     calls: set[str] = set()
     for i, item in enumerate(items):
@@ -52,7 +56,8 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]], first: 
         if kind == "message":
             messages.append({"role": item["role"], "content": _text(item["content"])})
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"]}}
+            name = tools.internal(item.get("namespace"), item["name"]) if tools is not None else item["name"]
+            call = {"id": item["call_id"], "type": "function", "function": {"name": name}}
             call["function"]["arguments"] = item["arguments"]
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":
@@ -74,12 +79,13 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]], first: 
     return messages
 
 
-def to_chat(req: ResponsesRequest, tools: list[FunctionTool], items: list[dict[str, Any]], first: int) -> ChatRequest:
+def to_chat(req: ResponsesRequest, toolset: ToolSet, items: list[dict[str, Any]], first: int) -> ChatRequest:
     """The internal request: the one the chat completions endpoint runs."""
+    tools = toolset.functions
     choice = parse_tool_choice(req.tool_choice, tools)
     body: dict[str, Any] = {
         "model": req.model,
-        "messages": chat_messages(req.instructions, items, first),
+        "messages": chat_messages(req.instructions, items, first, toolset),
         "stream": req.stream,
         "max_tokens": req.max_output_tokens,
         "parallel_tool_calls": bool(req.parallel_tool_calls),
@@ -112,7 +118,7 @@ def to_chat(req: ResponsesRequest, tools: list[FunctionTool], items: list[dict[s
         raise RequestError(str(err["msg"]).removeprefix("Value error, ")) from None
 
 
-def echo(req: ResponsesRequest, chat: ChatRequest, tools: list[FunctionTool]) -> dict[str, Any]:
+def echo(req: ResponsesRequest, chat: ChatRequest) -> dict[str, Any]:
     """The request fields a Response object repeats, as applied (sampling defaults included)."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else FormatText(type="text")
     text: dict[str, Any] = {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
@@ -131,7 +137,7 @@ def echo(req: ResponsesRequest, chat: ChatRequest, tools: list[FunctionTool]) ->
         "temperature": chat.temperature,
         "text": text,
         "tool_choice": choice,
-        "tools": [t.model_dump() for t in tools],
+        "tools": list(req.tools or []),  # as sent
         "top_p": chat.top_p,
         "truncation": req.truncation or "disabled",
         "user": req.user,
@@ -186,12 +192,20 @@ async def create_response(request: Request, req: ResponsesRequest) -> Any:
         history = [*prev.history, *prev.response["output"]]
     items = [*history, *parse_items(req.input)]
     tools = parse_tools(req.tools)
+    state.ignored.note("responses", [*ignored_fields(req), *(f"tools[].{kind}" for kind in tools.left_out)])
     chat = to_chat(req, tools, items, len(history))
     store = store_of(request)
     keep = (lambda response: store.put(response, items)) if req.stored else None
-    shown = echo(req, chat, tools)
+    shown = echo(req, chat)
+
+    def dialect(model: str, _: int) -> ResponsesDialect:
+        return ResponsesDialect(model, shown, keep, tools.origin)
+
     try:
-        return await run_chat(request, state, chat, lambda model, _: ResponsesDialect(model, shown, keep), req.stream)
+        return await run_chat(request, state, chat, dialect, req.stream)
+    except ContextLengthError as e:  # its words and code are what clients act on: only the field is renamed
+        e.param = OUR_NAMES["prompt"]
+        raise
     except RequestError as e:  # the engine's door names chat's fields: say them as this API does
         if e.param in OUR_NAMES:
             raise RequestError(str(e).replace(e.param, OUR_NAMES[e.param], 1), OUR_NAMES[e.param]) from None

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall
+from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from edgeinfer.server.schema import error_body
 
 # The neutral end of a choice to the response's status.
@@ -65,15 +65,19 @@ def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def call_item(item_id: str, call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": arguments,
-    }
+def call_item(
+    item_id: str,
+    call: ToolCall,
+    arguments: str,
+    status: str,
+    origin: dict[str, tuple[str | None, str]] | None = None,
+) -> dict[str, Any]:
+    """A function call item, named as the client named the function (a namespace's, with its namespace)."""
+    namespace, name = (origin or {}).get(call.name, (None, call.name))
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": name}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return {**item, "arguments": arguments}
 
 
 class ResponsesDialect:
@@ -84,8 +88,13 @@ class ResponsesDialect:
     terminal: str | None = None  # the stream ends with its terminal event, no sentinel
 
     def __init__(
-        self, model: str, echo: dict[str, Any], keep: Callable[[dict[str, Any]], object] | None = None
+        self,
+        model: str,
+        echo: dict[str, Any],
+        keep: Callable[[dict[str, Any]], object] | None = None,
+        origin: dict[str, tuple[str | None, str]] | None = None,
     ) -> None:
+        self.origin = origin or {}  # the model's tool names -> (namespace, the client's name)
         self.id = new_id("resp")
         self.model = model
         self.echo = echo
@@ -95,6 +104,8 @@ class ResponsesDialect:
         self.output: list[dict[str, Any]] = []  # finished items
         self.open: dict[str, Any] | None = None  # the message or reasoning item being streamed
         self.text = ""  # its text so far
+        self.calling: tuple[str, int, str] | None = None  # a streaming call: (item id, output index, arguments sent)
+        self.calling_name: dict[str, str] = {}  # its call_id, name (and namespace) as its item says them
 
     # --- the Response object ---------------------------------------------------------
 
@@ -137,7 +148,7 @@ class ResponsesDialect:
         if text or not calls:
             self.output.append(message_item(new_id("msg"), text, status))
         for call in calls:
-            self.output.append(call_item(new_id("fc"), call, call.arguments, "completed"))
+            self.output.append(call_item(new_id("fc"), call, call.arguments, "completed", self.origin))
         return self._finished(done[0])
 
     # --- streaming ------------------------------------------------------------------
@@ -165,11 +176,27 @@ class ResponsesDialect:
             self.text += ev.text
             where = self._where()
             return [*out, self._sse("response.output_text.delta", **where, delta=ev.text, logprobs=[])]
+        if isinstance(ev, ToolCallDelta):
+            if ev.name is not None:
+                out = self._close_item("completed")
+                item_id, index = new_id("fc"), len(self.output)
+                self.calling = (item_id, index, "")
+                named = ToolCall(ev.index, ev.call_index, ev.id, ev.name, "")
+                added = call_item(item_id, named, "", "in_progress", self.origin)
+                self.calling_name = {k: v for k, v in added.items() if k in ("call_id", "name", "namespace")}
+                return [*out, self._sse("response.output_item.added", output_index=index, item=added)]
+            assert self.calling is not None
+            item_id, index, sent = self.calling
+            self.calling = (item_id, index, sent + ev.arguments)
+            where = {"item_id": item_id, "output_index": index}
+            return [self._sse("response.function_call_arguments.delta", **where, delta=ev.arguments)]
         if isinstance(ev, ToolCall):
             out = self._close_item("completed")
             return [*out, *self._call(ev)]
         if isinstance(ev, Done):
             status = "completed" if STATUS.get(ev.reason) == "completed" else "incomplete"
+            if self.calling is not None:  # a call cut before it closed: its item ends incomplete, as written
+                return [*self._cut_call(), *self._close_item(status)]
             thinking = self.open is not None and self.open["type"] == "reasoning"
             out = self._close_item("completed" if thinking and status == "completed" else status)
             # An answer with neither text nor calls is still one (empty) message.
@@ -230,16 +257,35 @@ class ResponsesDialect:
         self.open = None
         return out
 
-    def _call(self, call: ToolCall) -> list[dict[str, str]]:
-        item_id, index = new_id("fc"), len(self.output)
+    def _cut_call(self) -> list[dict[str, str]]:
+        assert self.calling is not None
+        (item_id, index, sent), self.calling = self.calling, None
+        name = self.calling_name
         where = {"item_id": item_id, "output_index": index}
-        item = call_item(item_id, call, call.arguments, "completed")
-        out = [
-            self._sse(
-                "response.output_item.added", output_index=index, item=call_item(item_id, call, "", "in_progress")
-            ),
-            self._sse("response.function_call_arguments.delta", **where, delta=call.arguments),
-            self._sse("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments),
+        item = {"id": item_id, "type": "function_call", "status": "incomplete", **name, "arguments": sent}
+        self.output.append(item)
+        return [
+            self._sse("response.function_call_arguments.done", **where, name=item["name"], arguments=sent),
+            self._sse("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _call(self, call: ToolCall) -> list[dict[str, str]]:
+        """A call's last events: its item added and its arguments in one delta when it came whole; the rest of
+        its arguments when it streamed."""
+        out = []
+        if self.calling is not None:
+            (item_id, index, sent), self.calling = self.calling, None
+            rest = call.arguments[len(sent) :] if call.arguments.startswith(sent) else ""
+        else:
+            item_id, index, rest = new_id("fc"), len(self.output), call.arguments
+            added = call_item(item_id, call, "", "in_progress", self.origin)
+            out.append(self._sse("response.output_item.added", output_index=index, item=added))
+        where = {"item_id": item_id, "output_index": index}
+        item = call_item(item_id, call, call.arguments, "completed", self.origin)
+        if rest:
+            out.append(self._sse("response.function_call_arguments.delta", **where, delta=rest))
+        out += [
+            self._sse("response.function_call_arguments.done", **where, name=item["name"], arguments=call.arguments),
             self._sse("response.output_item.done", output_index=index, item=item),
         ]
         self.output.append(item)

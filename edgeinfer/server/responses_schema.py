@@ -8,7 +8,7 @@ the shape a client sends them.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -31,6 +31,24 @@ class FunctionTool(FunctionDef):
     """Responses' flat function tool: chat's function definition beside `type`, not under `function`."""
 
     type: Literal["function"]
+    # Taken and ignored: every tool is offered at once, called by the model, its output unchecked.
+    defer_loading: bool | None = None
+    allowed_callers: list[Any] | None = None
+    output_schema: dict[str, Any] | None = None
+
+
+class ToolSet:
+    """A request's tools as the model gets them: function tools, a namespace's functions among them (each
+    offered by its own name, or namespace__name where two would share one), hosted tools left out."""
+
+    def __init__(self) -> None:
+        self.functions: list[FunctionTool] = []
+        self.origin: dict[str, tuple[str | None, str]] = {}  # the model's name -> (namespace, the client's name)
+        self.left_out: list[str] = []  # hosted tools' types
+
+    def internal(self, namespace: str | None, name: str) -> str:
+        """The name the model knows a client's function by."""
+        return next((k for k, v in self.origin.items() if v == (namespace, name)), name)
 
 
 class NamedFunction(_Strict):
@@ -94,8 +112,10 @@ class ResponsesRequest(_Strict):
     store: bool | None = None  # None is true, as in OpenAI's API
     previous_response_id: str | None = Field(None, min_length=1, max_length=256)
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
-    # Accepted, and change nothing on a local server.
+    # Accepted, and change nothing on a local server (IGNORED: counted, logged once).
     user: str | None = None
+    client_metadata: dict[str, Any] | None = None  # Codex's ids for its turn, session and window
+    background_options: dict[str, Any] | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: str | None = None
@@ -113,6 +133,27 @@ class ResponsesRequest(_Strict):
     # Not served: a 400 saying what to send instead (the route checks them).
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "user",
+            "client_metadata",
+            "background_options",
+            "include",
+            "truncation",
+            "service_tier",
+            "background",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "safety_identifier",
+            "top_logprobs",
+            "max_tool_calls",
+            "stream_options",
+            "prompt_cache_options",
+            "context_management",
+            "moderation",
+            "access_programs",
+        }
+    )
 
     @property
     def stored(self) -> bool:
@@ -150,6 +191,7 @@ class MessageItem(_Strict):
     content: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_PARTS)]
     id: str | None = None
     status: str | None = None
+    phase: str | None = None  # commentary or final answer, for OpenAI's own models: ignored
 
 
 class FunctionCallItem(_Strict):
@@ -159,6 +201,8 @@ class FunctionCallItem(_Strict):
     arguments: str  # JSON text
     id: str | None = None
     status: str | None = None
+    namespace: str | None = None  # a namespace tool's function: the call names the function within it
+    caller: Any = None
     parsed_arguments: Any = Field(None, exclude=True)  # added by the SDK's stream and parse helpers; ignored
 
     @field_validator("arguments")
@@ -250,23 +294,56 @@ def _part(part: dict[str, Any], where: str) -> None:
     _validated(model, part, where)
 
 
-def parse_tools(tools: list[dict[str, Any]] | None) -> list[FunctionTool]:
-    out = []
+def parse_tools(tools: list[dict[str, Any]] | None) -> ToolSet:
+    """The request's function tools, a namespace's functions among them; hosted tools (web_search, ...),
+    which run on OpenAI's servers, are left out, and the route notes that they were."""
+    found: list[tuple[str | None, FunctionTool]] = []
+    out = ToolSet()
     for i, raw in enumerate(tools or []):
         kind = raw.get("type")
-        if kind != "function":
-            if not isinstance(kind, str):
-                raise RequestError(f'tools[{i}].type is required: send "function"', f"tools[{i}].type")
-            if kind.startswith(HOSTED):
-                why = "a hosted tool, which runs on OpenAI's servers; a local server runs none"
-            else:
-                why = "not served here"
-            raise RequestError(f"tools[{i}] is {kind!r}, {why}: send function tools only", f"tools[{i}].type")
-        out.append(_validated(FunctionTool, raw, f"tools[{i}]"))
-    names = [t.name for t in out]
-    if len(set(names)) != len(names):
+        if kind == "function":
+            found.append((None, _validated(FunctionTool, raw, f"tools[{i}]")))
+        elif kind == "namespace":
+            ns = _validated(Namespace, raw, f"tools[{i}]")
+            for j, inner in enumerate(ns.tools):
+                if inner.get("type") != "function":
+                    raise RequestError(
+                        f"tools[{i}].tools[{j}] is {inner.get('type')!r}: a namespace's functions are served, "
+                        "not other tools",
+                        f"tools[{i}].tools[{j}].type",
+                    )
+                found.append((ns.name, _validated(FunctionTool, inner, f"tools[{i}].tools[{j}]")))
+        elif isinstance(kind, str) and kind.startswith(HOSTED):
+            out.left_out.append(kind)
+        elif not isinstance(kind, str):
+            raise RequestError(f'tools[{i}].type is required: send "function"', f"tools[{i}].type")
+        else:
+            raise RequestError(
+                f"tools[{i}] is {kind!r}, not served here: send function or namespace tools", f"tools[{i}].type"
+            )
+    plain = [t.name for ns, t in found if ns is None]
+    if len(set(plain)) != len(plain):
         raise RequestError("tools: two tools share a name; each function needs its own", "tools")
+    taken = set(plain)
+    for ns, tool in found:
+        name = tool.name
+        if ns is not None and name in taken:  # a namespace's function named like another tool
+            name = f"{ns}__{tool.name}"[:64]
+            if name in taken:
+                raise RequestError(f"tools: {ns}.{tool.name} and another tool share a name", "tools")
+        taken.add(name)
+        out.functions.append(tool if name == tool.name else tool.model_copy(update={"name": name}))
+        out.origin[name] = (ns, tool.name)
     return out
+
+
+class Namespace(_Strict):
+    """Functions grouped under a name (Codex's multi-agent tools): each is offered to the model."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)]
 
 
 def parse_tool_choice(choice: str | dict[str, Any] | None, tools: list[FunctionTool]) -> str | NamedFunction | None:

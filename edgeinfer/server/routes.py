@@ -90,6 +90,7 @@ def _stats(state: ServerState, model: str | None) -> dict[str, Any]:
     doc: dict[str, Any] = snap[0][1].model_dump(mode="json")
     doc["served_model"] = slot.name
     doc["served"] = [{k: m[k] for k in ("id", "status", "loaded")} for m in state.pool.describe()]
+    doc["ignored_fields"] = state.ignored.snapshot()
     return doc
 
 

@@ -8,6 +8,7 @@ prefix cache are the same whichever API asked.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -15,10 +16,11 @@ from typing import Any
 from fastapi import Request
 
 from edgeinfer.engine import Engine
+from edgeinfer.engine.engine import BASE_MODEL_TOKENS
 from edgeinfer.formats import reasoning
 from edgeinfer.formats.base import ToolFormat
 from edgeinfer.formats.select import format_class
-from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.options import Grammar, SamplingFields, SamplingParams
 from edgeinfer.server import tools
 from edgeinfer.server.output import AnswerShape
 from edgeinfer.server.schema import ChatRequest
@@ -89,7 +91,14 @@ def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingPar
         thinking=reasoning.thinking_for(engine.config.reasoning_format, source),
         started=started,
     )
-    return prompt, req.to_sampling(grammar), shape
+    params = model_defaults(req.to_sampling(grammar), req, engine)
+    if engine.template.stops:  # a fallback layout's end marker, written as text
+        params = params.model_copy(update={"stop": [*params.stop, *engine.template.stops]})
+    if engine.template.fallback and (params.max_tokens is None or params.max_tokens > BASE_MODEL_TOKENS):
+        # A model with no chat template is a base model: it does not end its turns, so the server does.
+        params = params.model_copy(update={"max_tokens": BASE_MODEL_TOKENS})
+        shape = dataclasses.replace(shape, turn_end=BASE_MODEL_TOKENS)
+    return prompt, params, shape
 
 
 async def run_chat(
@@ -105,3 +114,10 @@ async def run_chat(
         prompt, params, shape = await asyncio.to_thread(chat_input, engine, req)
         handles = await submit(engine, prompt, params, req.n)
         return await respond(request, state, handles, dialect_factory(slot.name, len(prompt)), stream, shape)
+
+
+def model_defaults(params: SamplingParams, req: SamplingFields, engine: Engine) -> SamplingParams:
+    """params with the model's recommended sampling (its GGUF's general.sampling.*) for the fields the request
+    left out."""
+    unset = {k: v for k, v in engine.sampling_defaults.items() if k not in req.model_fields_set}
+    return params.model_copy(update=unset) if unset else params

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -189,14 +189,31 @@ class _Sampling(SamplingFields):
         None, min_length=1, max_length=MAX_GRAMMAR_CHARS, description="edgeinfer: a Lark grammar the output follows"
     )
     logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
-    # Accepted, and change nothing on a local server (documented in docs/structured.md).
+    # Accepted, and change nothing on a local server (IGNORED: counted, logged once; docs/apis.md).
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None  # edgeinfer caches prompts by their tokens, whatever the key
     prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
+    moderation: Any = None
+    cache_prompt: bool | None = None  # llama-server's: edgeinfer always reuses a kept prefix
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "user",
+            "store",
+            "metadata",
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "prompt_cache_options",
+            "safety_identifier",
+            "moderation",
+            "cache_prompt",
+        }
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -251,6 +268,19 @@ class ChatRequest(_Sampling):
     reasoning_budget: Annotated[int, Field(ge=-1)] | None = Field(
         None, description="edgeinfer: thinking tokens at most (-1: no bound, 0: no thinking)"
     )
+    # OpenAI's, taken and ignored: the model has no verbosity setting, nothing is predicted, it answers in text.
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[Literal["text"]] | None = Field(None, description='["text"]: audio output is not served')
+    web_search_options: dict[str, Any] | None = None  # a hosted search: the model searches nothing here
+    n_probs: Annotated[int, Field(ge=0)] | None = None  # llama-server's: logprobs and top_logprobs say it here
+    IGNORED: ClassVar[frozenset[str]] = _Sampling.IGNORED | {
+        "verbosity",
+        "prediction",
+        "modalities",
+        "web_search_options",
+        "n_probs",
+    }
 
     @model_validator(mode="after")
     def _tools_fit(self) -> ChatRequest:

@@ -15,8 +15,9 @@ from starlette.exceptions import HTTPException
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EngineClosedError
+from edgeinfer.server.lenient import Ignored
 from edgeinfer.server.pool import ModelPool, ModelSpec, Slot
-from edgeinfer.server.prometheus import EngineCollector
+from edgeinfer.server.prometheus import EngineCollector, IgnoredCollector
 from edgeinfer.server.schema import error_body
 
 
@@ -41,8 +42,10 @@ class ServerState:
         self.loaded_once = False  # the default model's first load has ended (well or not)
         self._fatal: str | None = None  # kept once seen: the engine may be closed and gone by the time serve() asks
         self.started = time.time()
+        self.ignored = Ignored()  # fields requests carried that mean nothing here, counted per API (lenient.py)
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(lambda: self.pool.read(lambda e: (e.snapshot(), e.metrics))))
+        self.registry.register(IgnoredCollector(self.ignored))
         # Run at shutdown after the engine closes (e.g. removing the socket file): uvicorn
         # re-raises SIGTERM once it has shut down, so code after it never runs.
         self.on_close: list[Callable[[], None]] = []
