@@ -52,10 +52,15 @@ FILES = [
 DELTAS = ("response.output_text.delta", "response.function_call_arguments.delta", "content_block_delta")
 
 
-def first_request(client: str, max_tokens: int) -> dict:
-    """The client's first request of a session: its captured body, the tool history taken off."""
+def first_request(client: str, max_tokens: int, tools: bool = True) -> dict:
+    """The client's first request of a session: its captured body, the tool history taken off (and its tools,
+    unless `tools`: llama-server renders none of them for a model without a chat template, so that its
+    prompt is half as long; without them both servers read the same prompt)."""
     name, _ = CAPTURES[client]
     body = copy.deepcopy(json.loads((DATA / name).read_text())["body"])
+    if not tools:
+        body.pop("tools", None)
+        body.pop("tool_choice", None)
     body["stream"] = True
     body["temperature"] = 0
     if client == "codex":
@@ -121,34 +126,50 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 def turn_time(url: str, path: str, body: dict) -> tuple[float, float, int]:
-    """(TTFT, total seconds, HTTP status) of one streamed request."""
+    """(TTFT, total seconds, prompt tokens as the server counted them) of one streamed request."""
     start = time.perf_counter()
     ttft = None
+    prompt = 0
     with httpx.stream("POST", url + path, json=body, timeout=1800) as r:
         if r.status_code != 200:
-            sys.stderr.write(f"  {r.status_code}: {r.read().decode()[:300]}\n")
-            return float("nan"), time.perf_counter() - start, r.status_code
+            sys.exit(f"{url}{path}: {r.status_code}: {r.read().decode()[:500]}")
         for line in r.iter_lines():
-            if ttft is None and line.startswith("data:") and any(d in line for d in DELTAS):
+            if not line.startswith("data:"):
+                continue
+            if ttft is None and any(d in line for d in DELTAS):
                 ttft = time.perf_counter() - start
+            if '"usage"' in line:
+                prompt = max(prompt, _prompt_tokens(json.loads(line[5:])))
     total = time.perf_counter() - start
-    return ttft if ttft is not None else total, total, 200
+    return ttft if ttft is not None else total, total, prompt
 
 
-def session(name: str, cmd: list[str], url: str, client: str, turns: int, max_tokens: int) -> list[tuple[float, float]]:
+def _prompt_tokens(event: dict) -> int:
+    """The prompt's tokens an event's usage counts (Responses' input_tokens; Messages' three parts)."""
+    usage = (event.get("response") or event.get("message") or event).get("usage") or {}
+    parts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    return sum(int(usage.get(k) or 0) for k in parts)
+
+
+def session(
+    name: str, cmd: list[str], url: str, client: str, turns: int, max_tokens: int, tools: bool
+) -> list[tuple[float, float, int]]:
     _, path = CAPTURES[client]
     print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_ready(url, proc)
         out = []
-        body = first_request(client, max_tokens)
+        body = first_request(client, max_tokens, tools)
         for turn in range(turns):
             if turn:
                 body = next_turn(client, body, turn)
-            ttft, total, _ = turn_time(url, path, body)
-            print(f"  {name} turn {turn + 1}: TTFT {ttft:.2f} s, total {total:.2f} s", file=sys.stderr)
-            out.append((ttft, total))
+            ttft, total, prompt = turn_time(url, path, body)
+            print(
+                f"  {name} turn {turn + 1}: {prompt} prompt tokens, TTFT {ttft:.2f} s, total {total:.2f} s",
+                file=sys.stderr,
+            )
+            out.append((ttft, total, prompt))
         return out
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -166,14 +187,17 @@ def main() -> None:
     ap.add_argument("--ctx-size", type=int, default=32768)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--no-tools", action="store_true", help="send the session without the client's tools")
+    ap.add_argument("--serve-arg", action="append", default=[], help="an extra option for edgeinfer serve (repeat)")
+    ap.add_argument("--llama-arg", action="append", default=[], help="an extra option for llama-server (repeat)")
     args = ap.parse_args()
 
     edge = [sys.executable, "-m", "edgeinfer.cli", "serve", "-m", args.model, "--no-socket"]
     results = {}
     port = free_port()
-    cmd = [*edge, "--port", str(port), "--ctx-size", str(args.ctx_size), "--parallel", "1"]
+    cmd = [*edge, "--port", str(port), "--ctx-size", str(args.ctx_size), "--parallel", "1", *args.serve_arg]
     results["edgeinfer"] = session(
-        "edgeinfer", cmd, f"http://127.0.0.1:{port}", args.client, args.turns, args.max_tokens
+        "edgeinfer", cmd, f"http://127.0.0.1:{port}", args.client, args.turns, args.max_tokens, not args.no_tools
     )
     if args.llama_server:
         sys.path.insert(0, str(ROOT))
@@ -181,20 +205,32 @@ def main() -> None:
 
         gguf = str(resolve_model(args.model))
         port = free_port()
-        cmd = [args.llama_server, "-m", gguf, "--port", str(port), "-c", str(args.ctx_size), "-np", "1", "--jinja"]
+        cmd = [
+            args.llama_server,
+            "-m",
+            gguf,
+            "--port",
+            str(port),
+            "-c",
+            str(args.ctx_size),
+            "-np",
+            "1",
+            "--jinja",
+            *args.llama_arg,
+        ]
         results["llama-server"] = session(
-            "llama-server", cmd, f"http://127.0.0.1:{port}", args.client, args.turns, args.max_tokens
+            "llama-server", cmd, f"http://127.0.0.1:{port}", args.client, args.turns, args.max_tokens, not args.no_tools
         )
 
     names = list(results)
     print(f"\n{args.client} session, {args.model}, {args.turns} turns, {args.max_tokens} tokens an answer")
-    print("turn | " + " | ".join(f"{n} TTFT s" for n in names))
+    print("turn | " + " | ".join(f"{n} prompt tokens | {n} TTFT s" for n in names))
     for t in range(args.turns):
-        print(f"{t + 1} | " + " | ".join(f"{results[n][t][0]:.2f}" for n in names))
-    totals = {n: sum(total for _, total in results[n]) for n in names}
+        print(f"{t + 1} | " + " | ".join(f"{results[n][t][2]} | {results[n][t][0]:.2f}" for n in names))
+    totals = {n: sum(total for _, total, _ in results[n]) for n in names}
     print("session total s | " + " | ".join(f"{totals[n]:.1f}" for n in names))
     for n in names:
-        later = max(ttft for ttft, _ in results[n][1:]) if args.turns > 1 else float("nan")
+        later = max(ttft for ttft, _, _ in results[n][1:]) if args.turns > 1 else float("nan")
         print(f"{n}: the slowest later turn's TTFT is {later / results[n][0][0]:.1%} of the first's")
     if "llama-server" in totals:
         print(f"edgeinfer's session is {totals['llama-server'] / totals['edgeinfer']:.2f}x llama-server's speed")
