@@ -184,3 +184,14 @@ def test_completions_stream_and_whole_agree():
     events = whole(f, PLAIN)
     body = dialect.response([events[-1]], events)
     assert body["choices"][0]["text"] == "Paris" and body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_only_the_arguments_key_streams_for_hermes():
+    """What streams is what the whole call carries: a Hermes call's arguments are its "arguments" only (a call
+    written with another key comes whole, with the arguments its parser reads)."""
+    text = '<tool_call>\n{"name": "f", "parameters": {"a": 1}}\n</tool_call>'
+    out = ChoiceOutput(TOOLS)
+    events = out.feed(chunk(text)) + out.end(finish(text))
+    deltas = [ev for ev in events if isinstance(ev, ToolCallDelta)]
+    (call,) = [ev for ev in events if isinstance(ev, ToolCall)]
+    assert deltas == [] and (call.name, call.arguments) == ("f", "{}")

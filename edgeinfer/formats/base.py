@@ -58,6 +58,8 @@ class ToolFormat:
     native: ClassVar[bool] = True  # False: the template knows no tools; they are described in a system message
     # The texts of the call syntax that a vocabulary may hold as one special token (the engine shows those in output).
     markers: ClassVar[tuple[str, ...]] = ()
+    # The keys a call object's arguments come under, where its arguments stream (next_object).
+    arg_keys: ClassVar[tuple[str, ...]] = ("arguments",)
 
     def __init__(self, tools: list[ToolSpec] | None = None) -> None:
         self.tools = tools or []
@@ -222,7 +224,7 @@ class CallStream:
                 at = self.fmt.next_object(self.text, after)
                 if at < 0:
                     return
-                self._scanners.append(Scanner(at))
+                self._scanners.append(Scanner(at, self.fmt.arg_keys))
             k, s = len(self._scanners) - 1, self._scanners[-1].feed(self.text)
             if s.name is not None and s.args_object and k >= self.calls:
                 if k not in self._tidy:

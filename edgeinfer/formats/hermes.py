@@ -87,7 +87,7 @@ class Hermes(ToolFormat):
 def _arguments(text: str, begin: int, end: int, value: Any) -> str:
     """A call's arguments as JSON text: as the model wrote an object, in the form they stream in (partial.tidy),
     so that a streamed call and a whole one say the same; otherwise its value written out."""
-    s = Scanner(begin).feed(text[:end])
+    s = Scanner(begin, ("arguments",)).feed(text[:end])
     if s.args_object and s.args_end > s.args_start:
         written = tidy(text[s.args_start : s.args_end])
         if json.loads(written) == value:
