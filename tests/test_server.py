@@ -522,6 +522,7 @@ class _FakeEngine:
         self.template = ChatTemplate(None)
         self.config = EngineConfig()
         self.vocab = self
+        self.sampling_defaults = {}  # the GGUF recommends no sampling
 
     def special_token(self, text):
         return None  # no tag is a special token here
