@@ -72,6 +72,13 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "HOME": str(home), "TERM": "dumb", **extra}
 
 
+def _client(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One client run in its own folder and environment, nothing on its stdin."""
+    return subprocess.run(
+        cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
 def run_codex(exe: Path, base_url: str, prompt: str, root: Path, *args: str, timeout: float = 600) -> Run:
     """`codex exec PROMPT` with a model provider at base_url, as Codex's documentation sets one up."""
     home, codex_home, work = root / "home", root / "codex-home", root / "work"
@@ -81,14 +88,11 @@ def run_codex(exe: Path, base_url: str, prompt: str, root: Path, *args: str, tim
         'model_provider = "local"\nmodel = "local-model"\n\n'
         f'[model_providers.local]\nname = "local"\nbase_url = "{base_url}"\nwire_api = "responses"\n'
     )
-    r = subprocess.run(
+    r = _client(
         [str(exe), "exec", "--skip-git-repo-check", *args, prompt],
-        env=_env(home, CODEX_HOME=str(codex_home)),
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
+        _env(home, CODEX_HOME=str(codex_home)),
+        work,
+        timeout,
     )
     calls, results = [], []
     for log in sorted(codex_home.rglob("rollout-*.jsonl")):
@@ -107,14 +111,11 @@ def run_claude(exe: Path, base_url: str, prompt: str, root: Path, *args: str, ti
     home, work = root / "home", root / "work"
     for d in (home, work):
         d.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(
+    r = _client(
         [str(exe), "-p", prompt, *args],
-        env=_env(home, ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="local", **env),
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
+        _env(home, ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="local", **env),
+        work,
+        timeout,
     )
     calls, results = [], []
     for log in sorted((home / ".claude" / "projects").rglob("*.jsonl")):
