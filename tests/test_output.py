@@ -10,10 +10,13 @@ import pytest
 from edgeinfer.engine.text import TextStream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.formats.hermes import Hermes
+from edgeinfer.formats.reasoning import Thinking
+from edgeinfer.server.messages import MessagesDialect
 from edgeinfer.server.openai_chat import ChatDialect, CompletionDialect
 from edgeinfer.server.output import PLAIN, AnswerShape, ChoiceOutput, Done, TextDelta, ToolCall, ToolCallDelta, whole
+from edgeinfer.server.responses_render import ResponsesDialect
 from edgeinfer.server.state import ServerState
-from edgeinfer.server.streaming import _sse
+from edgeinfer.server.streaming import _sse, respond
 
 pytestmark = pytest.mark.pure
 
@@ -28,6 +31,11 @@ def finish(text: str, reason: str = "stop", index: int = 0, stop: str | None = N
 
 def chunk(text: str, index: int = 0, lp: TokenLogprob | None = None) -> Chunk:
     return Chunk(index, text, [1], 0.0, lp)
+
+
+def whole_of(f: Finish, shape: AnswerShape):
+    """The whole answer of a Finish whose text came in one chunk."""
+    return whole([chunk(f.text, f.index)] if f.text else [], f, shape)
 
 
 def test_plain_text_streams_as_it_comes():
@@ -64,10 +72,11 @@ def test_a_call_streams_its_arguments_as_written_then_comes_whole():
     )
     assert "".join(d.arguments for d in [*deltas, *rest]) == call.arguments
     assert done == Done(0, "tool_calls", f)
-    # The whole answer: the same call and end, the text before them trimmed.
-    before, whole_call, end = whole(f, TOOLS)
-    assert before == TextDelta(0, "Let me look.") and end == done
-    assert isinstance(whole_call, ToolCall) and (whole_call.name, whole_call.arguments) == (call.name, call.arguments)
+    # The whole answer is the same read of the same chunks: the same text, call and end.
+    again = whole([chunk(piece) for piece in pieces], f, TOOLS)
+    assert [ev for ev in again if isinstance(ev, TextDelta)] == [TextDelta(0, "Let me look. ")] and again[-1] == done
+    (whole_call,) = [ev for ev in again if isinstance(ev, ToolCall)]
+    assert (whole_call.name, whole_call.arguments, whole_call.complete) == (call.name, call.arguments, True)
 
 
 @pytest.mark.parametrize("cut", range(1, len(CALL)))
@@ -81,7 +90,7 @@ def test_streamed_arguments_join_to_the_whole_call_wherever_the_text_is_cut(cut)
     (call,) = [ev for ev in events if isinstance(ev, ToolCall)]
     assert args == call.arguments == '{"a": [1, 2], "b": "x, y: \\"z\\""}'
     assert json.loads(args) == {"a": [1, 2], "b": 'x, y: "z"'}
-    (whole_call,) = [ev for ev in whole(finish(text), TOOLS) if isinstance(ev, ToolCall)]
+    (whole_call,) = [ev for ev in whole_of(finish(text), TOOLS) if isinstance(ev, ToolCall)]
     assert whole_call.arguments == call.arguments
 
 
@@ -101,18 +110,30 @@ def test_text_that_only_looked_like_a_call_is_sent_at_the_end():
     assert out.end(finish("a <tool")) == [TextDelta(0, "<tool"), Done(0, "stop", finish("a <tool"))]
 
 
-def test_a_call_cut_by_max_tokens_is_no_call():
+def test_a_call_cut_by_max_tokens_before_its_name_is_text():
     f = finish('<tool_call>\n{"name": "get_we', "length")
-    assert [type(ev) for ev in whole(f, TOOLS)] == [TextDelta, Done]
-    assert whole(f, TOOLS)[-1].reason == "length"
+    assert [type(ev) for ev in whole_of(f, TOOLS)] == [TextDelta, Done]
+    assert whole_of(f, TOOLS)[-1].reason == "length"
+
+
+def test_a_whole_answer_has_a_call_cut_after_its_name_as_written():
+    """As a streaming client has it from the deltas: the call, its arguments as far as written, incomplete."""
+    f = finish('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', "length")
+    *_, call, done = whole_of(f, TOOLS)
+    assert isinstance(call, ToolCall) and (call.name, call.arguments, call.complete) == (
+        "get_weather",
+        '{"city": "Os',
+        False,
+    )
+    assert done.reason == "length"
 
 
 def test_done_reasons():
-    assert whole(finish("x", stop="END"), PLAIN)[-1] == Done(0, "stop_sequence", finish("x", stop="END"), "END")
-    assert whole(finish("x", "cancelled"), TOOLS)[-1].reason == "cancelled"
+    assert whole_of(finish("x", stop="END"), PLAIN)[-1] == Done(0, "stop_sequence", finish("x", stop="END"), "END")
+    assert whole_of(finish("x", "cancelled"), TOOLS)[-1].reason == "cancelled"
     failed = finish("", "error", error="boom")
-    assert whole(failed, PLAIN) == [Done(0, "error", failed)]
-    assert whole(finish(CALL, stop="END"), TOOLS)[-1].reason == "tool_calls"
+    assert whole_of(failed, PLAIN) == [Done(0, "error", failed)]
+    assert whole_of(finish(CALL, stop="END"), TOOLS)[-1].reason == "tool_calls"
 
 
 def test_the_text_stream_says_which_stop_string_matched():
@@ -181,7 +202,7 @@ def test_completions_stream_and_whole_agree():
     texts = [json.loads(i["data"])["choices"][0] for i in items[:-1]]
     assert [t["text"] for t in texts] == ["Par", "is", ""] and texts[-1]["finish_reason"] == "stop"
     f = finish("Paris", stop=".")
-    events = whole(f, PLAIN)
+    events = whole([chunk("Par"), chunk("is")], f, PLAIN)
     body = dialect.response([events[-1]], events)
     assert body["choices"][0]["text"] == "Paris" and body["choices"][0]["finish_reason"] == "stop"
 
@@ -195,3 +216,103 @@ def test_only_the_arguments_key_streams_for_hermes():
     deltas = [ev for ev in events if isinstance(ev, ToolCallDelta)]
     (call,) = [ev for ev in events if isinstance(ev, ToolCall)]
     assert deltas == [] and (call.name, call.arguments) == ("f", "{}")
+
+
+class FinishingHandle(FakeHandle):
+    """A stream whose events a whole answer collects: it keeps its Finish, as StreamHandle does."""
+
+    finish = None
+
+    async def _gen(self):
+        for ev in self.events:
+            if isinstance(ev, Finish):
+                self.finish = ev
+            yield ev
+
+
+class Connected:
+    async def is_disconnected(self):
+        return False
+
+
+THINKING = AnswerShape(calls=Hermes(), thinking=Thinking())
+PIECES = ["<think>", "Rain is ", "likely.", "</think>", "Let me look. ", "<tool_call>", CALL[len("<tool_call>") :]]
+
+
+def both(make, shape=THINKING, pieces=PIECES):
+    """The same engine events answered streamed (SSE data, parsed) and whole (the JSON body)."""
+    events = [chunk(p) for p in pieces] + [finish("".join(pieces))]
+    streamed = [json.loads(i["data"]) for i in sse(make(), [FinishingHandle(events)], shape) if i["data"] != "[DONE]"]
+    state = ServerState(lambda: None, "m", None)
+    body = asyncio.run(respond(Connected(), state, [FinishingHandle(events)], make(), False, shape))
+    return streamed, body
+
+
+def test_chat_whole_and_streamed_answers_agree():
+    streamed, body = both(lambda: ChatDialect("m", logprobs=False, include_usage=True))
+    deltas = [c["choices"][0]["delta"] for c in streamed if c["choices"]]
+    calls = [tc["function"] for d in deltas for tc in d.get("tool_calls", [])]
+    (message,) = [c["message"] for c in body["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"] == "Rain is likely."
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"] == "Let me look. "
+    assert [(calls[0]["name"], "".join(c["arguments"] for c in calls))] == [
+        (tc["function"]["name"], tc["function"]["arguments"]) for tc in message["tool_calls"]
+    ]
+    assert streamed[-1]["usage"] == body["usage"]
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3  # the two thoughts and </think>
+    assert [c["choices"][0]["finish_reason"] for c in streamed if c["choices"]][-1] == "tool_calls"
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def without_ids(obj):
+    if isinstance(obj, dict):
+        return {k: without_ids(v) for k, v in obj.items() if k not in ("id", "call_id", "created_at")}
+    if isinstance(obj, list):
+        return [without_ids(v) for v in obj]
+    return obj
+
+
+def test_responses_whole_and_streamed_answers_agree():
+    streamed, body = both(lambda: ResponsesDialect("m", {}))
+    (completed,) = [ev["response"] for ev in streamed if ev["type"] == "response.completed"]
+    assert without_ids(completed) == without_ids(body)
+    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == 3
+    assert [item["type"] for item in body["output"]] == ["reasoning", "message", "function_call"]
+
+
+def test_messages_whole_and_streamed_answers_agree():
+    streamed, body = both(lambda: MessagesDialect("m"))
+    blocks = []
+    for ev in streamed:
+        if ev["type"] == "content_block_start":
+            blocks.append(dict(ev["content_block"]))
+        elif ev["type"] == "content_block_delta":
+            delta, block = ev["delta"], blocks[ev["index"]]
+            for key in ("text", "thinking", "signature", "partial_json"):
+                if key in delta:
+                    block[key] = block.get(key, "") + delta[key]
+    for block in blocks:
+        if block["type"] == "tool_use":
+            block["input"] = json.loads(block.pop("partial_json"))
+    assert without_ids(blocks) == without_ids(body["content"])
+    (delta,) = [ev for ev in streamed if ev["type"] == "message_delta"]
+    assert delta["usage"] == body["usage"] and delta["delta"]["stop_reason"] == body["stop_reason"] == "tool_use"
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: ChatDialect("m", False), lambda: ResponsesDialect("m", {}), lambda: MessagesDialect("m")]
+)
+def test_a_call_cut_by_max_tokens_is_the_same_call_whole_and_streamed(make):
+    cut = ["<tool_call>\n{", '"name": "get_weather", ', '"arguments": {"city": "Os']
+    events = [chunk(p) for p in cut] + [finish("".join(cut), "length")]
+    state = ServerState(lambda: None, "m", None)
+    body = asyncio.run(respond(Connected(), state, [FinishingHandle(events)], make(), False, TOOLS))
+    text = json.dumps(body)
+    assert "get_weather" in text and "<tool_call>" not in text  # a call, as streamed, never its raw text
+    if "content" in body and isinstance(body["content"], list):  # Messages: the input as far as written
+        assert body["content"][0]["input"] == {"city": "Os"} and body["stop_reason"] == "max_tokens"
+    elif "output" in body:  # Responses: an incomplete function_call item
+        assert body["output"][-1]["status"] == "incomplete" and body["output"][-1]["arguments"] == '{"city": "Os'
+    else:
+        assert body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Os'
+        assert body["choices"][0]["finish_reason"] == "length"

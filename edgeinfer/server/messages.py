@@ -3,7 +3,7 @@
 A request is translated at the door into the one internal request (schema.ChatRequest: a system
 message, assistant turns whose tool_use blocks become tool_calls with their ids, tool_result blocks
 become tool messages with their tool_call_id) and runs through the same path as chat completions
-(streaming.run_chat: template, grammar, packed decode, prefix cache). What comes back is the neutral
+(run.run_chat: template, grammar, packed decode, prefix cache). What comes back is the neutral
 event stream of server/output.py, rendered here as Anthropic's message or its SSE events; nothing
 here reads the model's text for tool calls.
 
@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from edgeinfer.errors import RequestError
 from edgeinfer.server.lenient import ignored_fields
@@ -40,6 +41,7 @@ from edgeinfer.server.messages_schema import (
     ToolUseBlock,
 )
 from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
+from edgeinfer.server.pool import loaded
 from edgeinfer.server.run import chat_input, run_chat
 from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import ERROR_SHAPES, authorized, server_state
@@ -352,9 +354,13 @@ class MessagesDialect:
                         {"type": "text", "text": ev.text} if kind == "text" else {**_THINKING, field: ev.text}
                     )
             elif isinstance(ev, ToolCall):
-                content.append(
-                    {"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": json.loads(ev.arguments)}
+                # A call cut by max_tokens: its input as far as written, as the SDKs' stream accumulators read it.
+                args = (
+                    json.loads(ev.arguments)
+                    if ev.complete
+                    else from_json(ev.arguments or "{}", allow_partial="trailing-strings")
                 )
+                content.append({"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": args})
         d = done[0]
         return {**self._message(content, STOP_REASONS[d.reason], d.stop_sequence), "usage": usage(done)}
 
@@ -388,6 +394,5 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     state = server_state(request)
     req = to_chat(body)
     async with state.lease(req.model) as slot:
-        assert slot.engine is not None  # a leased slot stays loaded
-        prompt, _, _ = await asyncio.to_thread(chat_input, slot.engine, req)
+        prompt, _, _ = await asyncio.to_thread(chat_input, loaded(slot), req)
     return {"input_tokens": len(prompt)}

@@ -4,7 +4,7 @@ Every dialect (chat completions, Responses, Messages) renders these events and n
 none of them reads the model's text for tool calls itself. One ChoiceOutput per streamed
 choice turns its Chunks into TextDelta events as they come, holding back text that may open a
 tool call, each call as soon as the family's parser sees it complete, and its Finish into the
-calls left and a Done; `whole` gives the same events for an answer sent in one piece.
+calls left and a Done; `whole` reads a whole answer's engine events the same way.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class ToolCall:
     id: str  # the model's own, or one its family's format makes (made once: every dialect sends the same id)
     name: str
     arguments: str  # JSON text
+    # False for a call cut by max_tokens in a whole answer: its arguments are what was written of them (JSON cut
+    # short), as a streaming client has them from the ToolCallDeltas.
+    complete: bool = True
 
 
 @dataclass(slots=True)
@@ -165,20 +168,26 @@ class ChoiceOutput:
         return out
 
 
-def whole(finish: Finish, shape: AnswerShape) -> list[Event]:
-    """A choice answered in one piece: its thinking, its text (before any call, trimmed), its calls, its Done."""
-    reasoning, content = _split(finish.text, shape)
-    out: list[Event] = [ReasoningDelta(finish.index, reasoning)] if reasoning else []
-    fmt = shape.calls
-    before: str | None = content
-    found: list[Call] = []
-    if fmt is not None and finish.finish_reason in ("stop", "length"):
-        before, found = fmt.parse(content, final=True)
-    if before:
-        out.append(TextDelta(finish.index, before))
-    out.extend(_event(fmt, finish.index, i, c) for i, c in enumerate(found) if fmt is not None)
-    out.append(_done(finish, bool(found), 0, shape.turn_end))
-    return out
+def whole(chunks: list[Chunk], finish: Finish, shape: AnswerShape) -> list[Event]:
+    """A choice answered in one piece: its engine events read as a stream reads them.
+
+    The whole answer is the streamed one collected, so text, reasoning, calls, usage and the finish
+    reason cannot differ between the two."""
+    out = ChoiceOutput(shape)
+    events = [ev for chunk in chunks for ev in out.feed(chunk)] + out.end(finish)
+    return events[:-1] + _cut_calls(events) + events[-1:]
+
+
+def _cut_calls(events: list[Event]) -> list[ToolCall]:
+    """The calls that began streaming and never completed (cut by max_tokens), as what was written of them."""
+    done = {ev.call_index for ev in events if isinstance(ev, ToolCall)}
+    cut: dict[int, ToolCall] = {}
+    for ev in events:
+        if isinstance(ev, ToolCallDelta) and ev.call_index not in done:
+            if ev.call_index not in cut:
+                cut[ev.call_index] = ToolCall(ev.index, ev.call_index, ev.id, ev.name or "", "", complete=False)
+            cut[ev.call_index].arguments += ev.arguments
+    return list(cut.values())
 
 
 def _split(text: str, shape: AnswerShape) -> tuple[str | None, str]:

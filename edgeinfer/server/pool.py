@@ -91,6 +91,12 @@ class Slot:
         return self.spec.name
 
 
+def loaded(slot: Slot) -> Engine:
+    """A leased slot's engine: a lease keeps its model loaded until the lease ends."""
+    assert slot.engine is not None
+    return slot.engine
+
+
 class ModelPool:
     """Every servable model by name; engines loaded on demand, at most max_models at once."""
 

@@ -148,7 +148,8 @@ class ResponsesDialect:
         if text or not calls:
             self.output.append(message_item(new_id("msg"), text, status))
         for call in calls:
-            self.output.append(call_item(new_id("fc"), call, call.arguments, "completed", self.origin))
+            state = "completed" if call.complete else "incomplete"  # cut by max_output_tokens: as written
+            self.output.append(call_item(new_id("fc"), call, call.arguments, state, self.origin))
         return self._finished(done[0])
 
     # --- streaming ------------------------------------------------------------------

@@ -95,7 +95,7 @@ async def respond(
             # the library's cut, CUT_MARGIN_S later, is the backstop should the engine not answer.
             shutdown_grace_period=state.grace_s + CUT_MARGIN_S,
         )
-    results = asyncio.ensure_future(asyncio.gather(*(h.aresult() for h in handles)))
+    results = asyncio.ensure_future(asyncio.gather(*(_collect(h) for h in handles)))
     try:
         while not results.done():
             await asyncio.wait({results}, timeout=POLL_S)
@@ -109,15 +109,22 @@ async def respond(
             if left is not None and left <= 0:
                 _cancel(handles, results)
                 return dialect.error_response(503, shutting_down("request", state.grace_s), "shutting_down")
-        finishes = sorted(results.result(), key=lambda f: f.index)
+        answers = sorted(results.result(), key=lambda a: a[1].index)
     except asyncio.CancelledError:
         _cancel(handles, results)
         raise
-    failed = next((f for f in finishes if f.finish_reason == "error"), None)
+    failed = next((f for _, f in answers if f.finish_reason == "error"), None)
     if failed is not None:
         return dialect.error_response(500, failed.error or "generation failed", "server_error")
-    events = [ev for f in finishes for ev in whole(f, shape)]
+    events = [ev for chunks, finish in answers for ev in whole(chunks, finish, shape)]
     return dialect.response([ev for ev in events if isinstance(ev, Done)], events)
+
+
+async def _collect(handle: StreamHandle) -> tuple[list[Chunk], Finish]:
+    """One stream's Chunks, once it has ended, and its Finish."""
+    chunks = [ev async for ev in handle if isinstance(ev, Chunk)]
+    assert handle.finish is not None
+    return chunks, handle.finish
 
 
 def shutting_down(what: str, grace_s: float) -> str:
