@@ -204,7 +204,7 @@ def save_history(path: Path, messages: list[dict[str, str]]) -> None:
         pass  # resuming is a convenience: a read-only home must not stop the chat
 
 
-def run_chat(
+def chat_loop(
     backend: ChatBackend,
     system: str | None,
     params: SamplingParams,

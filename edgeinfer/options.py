@@ -1,7 +1,7 @@
 """Every engine option and every sampling setting, declared once.
 
 Each field's type, range, default and help text live here and nowhere else. The CLI's
-flags (edgeinfer.cli.options), the settings file (edgeinfer.settings), the server's
+flags (edgeinfer.cli.flags), the settings file (edgeinfer.settings), the server's
 request schema (edgeinfer.server.schema) and the benchmark all derive from these two
 models, so a new option is one new field. Values are checked when a model is built:
 EngineConfig raises ConfigError naming the flag, SamplingParams raises RequestError

@@ -12,7 +12,7 @@ import pytest
 
 from edgeinfer.engine import faults
 from edgeinfer.engine.scheduler import Scheduler, Status
-from edgeinfer.engine.step import Stream
+from edgeinfer.engine.stream import Stream
 from edgeinfer.errors import RequestError
 from edgeinfer.options import EngineConfig
 

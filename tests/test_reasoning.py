@@ -284,7 +284,7 @@ class ThinkingBackend:
 
 @pytest.mark.pure
 def test_chat_shows_thinking_apart_and_hides_it_on_request(monkeypatch, capsys):
-    from edgeinfer.chat_repl import run_chat
+    from edgeinfer.chat_repl import chat_loop
     from edgeinfer.options import SamplingParams
 
     lines = iter(["What is 2+2?", "/think", "And again?"])
@@ -297,7 +297,7 @@ def test_chat_shows_thinking_apart_and_hides_it_on_request(monkeypatch, capsys):
 
     monkeypatch.setattr("builtins.input", fake_input)
     backend = ThinkingBackend()
-    run_chat(backend, None, SamplingParams())
+    chat_loop(backend, None, SamplingParams())
     out = capsys.readouterr().out
     assert "thinking: Two and two make four.\nIt is 4." in out  # shown, the answer on its own line
     assert "thinking hidden" in out

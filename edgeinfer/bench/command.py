@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from edgeinfer.bench.apis import parse_apis
-from edgeinfer.bench.options import BenchOptions
+from edgeinfer.bench.spec import BenchOptions
 from edgeinfer.bench.targets import EngineTarget, RawTarget, ServerTarget, Target
 from edgeinfer.bench.workloads import MAX_TOKENS, messages
 from edgeinfer.engine import make_engine

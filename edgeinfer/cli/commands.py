@@ -1,6 +1,6 @@
 """The `edgeinfer` command: thin click wrappers that build a config and call a factory.
 
-Engine and sampling options come from edgeinfer.options through edgeinfer.cli.options;
+Engine and sampling options come from edgeinfer.options through edgeinfer.cli.flags;
 each command here parses, builds the config, calls the factory next to what it builds
 (make_engine, make_server, run_top, run_bench) and runs it.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from edgeinfer.bench.options import BenchOptions
+from edgeinfer.bench.spec import BenchOptions
 from edgeinfer.cli.errors import errors_as_messages
-from edgeinfer.cli.options import engine_config, engine_options, options_from, sampling_options, sampling_params, take
+from edgeinfer.cli.flags import engine_config, engine_options, options_from, sampling_options, sampling_params, take
 from edgeinfer.cli.pull import pull
 from edgeinfer.cli.worker import worker
 from edgeinfer.errors import ConfigError, EdgeInferError
@@ -72,13 +72,13 @@ def chat(system: str | None, socket_path: str | None, api_key: str | None, resum
     The conversation is kept after each reply, and its KV in the cache folder
     (--cache-dir, by default ~/.cache/edgeinfer/kv), so `edgeinfer chat --resume` starts warm.
     """
-    from edgeinfer.chat_repl import EngineBackend, SocketBackend, history_path, load_history, run_chat
+    from edgeinfer.chat_repl import EngineBackend, SocketBackend, chat_loop, history_path, load_history
 
     params = sampling_params(kw)
     _note_settings_file()
     history = load_history(history_path()) if resume else None
     if socket_path:
-        run_chat(SocketBackend(socket_path, api_key), system, params, history, history_path())
+        chat_loop(SocketBackend(socket_path, api_key), system, params, history, history_path())
         return
     from edgeinfer.engine import make_engine
 
@@ -89,7 +89,7 @@ def chat(system: str | None, socket_path: str | None, api_key: str | None, resum
     click.echo(click.style(f"loading model... (KV: {kv_summary(config)})", dim=True), err=True)
     engine = make_engine(config)
     try:
-        run_chat(EngineBackend(engine), system, params, history, history_path())
+        chat_loop(EngineBackend(engine), system, params, history, history_path())
     finally:
         engine.close()
 

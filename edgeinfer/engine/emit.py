@@ -14,7 +14,8 @@ from typing import Any
 
 from edgeinfer.engine.handle import Event, StreamHandle
 from edgeinfer.engine.metrics import Metrics
-from edgeinfer.engine.step import Status, StepOutput, Stream
+from edgeinfer.engine.step import StepOutput
+from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.llamacpp import Vocab
 

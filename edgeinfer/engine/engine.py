@@ -33,9 +33,11 @@ from edgeinfer.engine.kvcache import ContextKv, make_store
 from edgeinfer.engine.metrics import Metrics
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
-from edgeinfer.engine.scheduler import BatchItem, Scheduler, Status, StepOutput, StepPlan, Stream
+from edgeinfer.engine.scheduler import Scheduler
 from edgeinfer.engine.sizing import sized
 from edgeinfer.engine.stats import EngineStats, EngineView, SpeculationStats, build_stats, model_stats
+from edgeinfer.engine.step import BatchItem, StepOutput, StepPlan
+from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
 from edgeinfer.errors import EngineClosedError, EngineFailedError

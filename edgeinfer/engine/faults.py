@@ -12,7 +12,8 @@ import threading
 from typing import Protocol
 
 from edgeinfer.engine.scheduler import Scheduler
-from edgeinfer.engine.step import Status, StepPlan, Stream
+from edgeinfer.engine.step import StepPlan
+from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.llamacpp.rpc import workers_down
 from edgeinfer.options import EngineConfig

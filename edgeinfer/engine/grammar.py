@@ -9,7 +9,7 @@ of a millisecond here, so every row is masked rather than checked first). After 
 token, the tokens the grammar forces (fixed keys, closing brackets, the end of text) are
 appended at once: they enter the KV cache with the stream's next decode, in the same batch
 item, so a fixed key costs no step of its own. Near the end of its budget a stream is held to
-what it can still close (closing.py), so an answer cut by max_tokens still parses.
+what it can still close (grammar_budget.py), so an answer cut by max_tokens still parses.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.engine import datetimes
-from edgeinfer.engine.closing import CLOSING_TAGS, SEARCH, WINDOW, Closer, Step, cost
+from edgeinfer.engine.grammar_budget import CLOSING_TAGS, SEARCH, WINDOW, Closer, Step, cost
 from edgeinfer.errors import RequestError
 from edgeinfer.llamacpp import Context, Sampler, Vocab
 from edgeinfer.options import Grammar

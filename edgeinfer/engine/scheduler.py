@@ -25,7 +25,8 @@ from collections import deque
 from typing import Protocol
 
 from edgeinfer.engine.prefix import PrefixTrie
-from edgeinfer.engine.step import BatchItem, Group, Status, StepOutput, StepPlan, Stream
+from edgeinfer.engine.step import BatchItem, StepOutput, StepPlan
+from edgeinfer.engine.stream import Group, Status, Stream
 from edgeinfer.errors import QueueFullError
 
 __all__ = ["BatchItem", "Group", "KvCache", "Scheduler", "Status", "StepOutput", "StepPlan", "Stream"]

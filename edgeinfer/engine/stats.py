@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from edgeinfer.engine.metrics import Metrics
-from edgeinfer.engine.scheduler import Scheduler, Status, Stream
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.options import EngineConfig
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EdgeInferError, EngineClosedError, ModelLoadingError, QueueFullError
 from edgeinfer.options import EngineConfig
-from edgeinfer.server import messages, openai_chat, responses, routes, utility
+from edgeinfer.server import embeddings, messages, openai_chat, responses, routes, tokens
 from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from edgeinfer.server.pool import DEFAULT_LOAD_TIMEOUT_S, ModelPool, ModelSpec, Serving, model_specs
 from edgeinfer.server.state import ServerState, error_response
@@ -27,7 +27,8 @@ ROUTERS = [
     openai_chat.router,  # OpenAI's chat and text completions
     responses.router,  # OpenAI's Responses API
     messages.router,  # Anthropic's Messages API
-    utility.router,  # llama-server's /tokenize, /detokenize, /apply-template; OpenAI's /v1/embeddings
+    tokens.router,  # llama-server's /tokenize, /detokenize, /apply-template
+    embeddings.router,  # OpenAI's /v1/embeddings
 ]
 
 

@@ -47,6 +47,22 @@ def lone_surrogate_message(where: str) -> str:
     return f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode"
 
 
+class StrictBody(BaseModel):
+    """A body checked strictly: unknown fields refused, no coercion between types."""
+
+    # strict: true is not 1, "1" is not 1, 1.0 is not a token id.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def utf8_text(value: str, name: str) -> str:
+    """value, or a ValueError naming the field where it holds a lone surrogate (not encodable text)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(lone_surrogate_message(name)) from None
+    return value
+
+
 def valid_text(data: Any) -> Any:
     """A body's every string is valid Unicode, or a 400 naming where it is not (a request model's validator)."""
     where = _surrogate_at(data, "")

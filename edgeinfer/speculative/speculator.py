@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgeinfer.engine.scheduler import BatchItem, Stream
 from edgeinfer.engine.stats import SpeculationStats
+from edgeinfer.engine.step import BatchItem
+from edgeinfer.engine.stream import Stream
 from edgeinfer.llamacpp import Context, ContextParams, Model
 from edgeinfer.options import EngineConfig
 from edgeinfer.speculative.control import Acceptance, Candidate, Controller, Gate

@@ -1,75 +1,26 @@
-"""llama-server's utility endpoints: /tokenize, /detokenize, /apply-template, and OpenAI's /v1/embeddings.
-
-The shapes are llama-server's (tools/server README) and OpenAI's (embeddings). Every body is
-checked strictly: a wrong type, an unknown field or an impossible value is a 400 in OpenAI's
-error shape naming the field, before any work is done.
-"""
+"""OpenAI's /v1/embeddings: one string, strings, token ids or lists of them, checked strictly, embedded by the
+engine thread between steps (engine/embeddings.py), returned as floats or base64."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import RequestError
-from edgeinfer.server.pool import Slot
-from edgeinfer.server.run import chat_text
-from edgeinfer.server.schema import MAX_PROMPT_IDS, ChatRequest, lone_surrogate_message
+from edgeinfer.server.pool import loaded
+from edgeinfer.server.schema import StrictBody, utf8_text
 from edgeinfer.server.state import authorized, server_state
 
 router = APIRouter(dependencies=[Depends(authorized)])
 
 
-class _Strict(BaseModel):
-    # strict: true is not 1, "1" is not 1, 1.0 is not a token id.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-def _text(value: str, name: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(lone_surrogate_message(name)) from None
-    return value
-
-
-TokenIds = Annotated[list[int], Field(max_length=MAX_PROMPT_IDS)]
-
-
-class TokenizeRequest(_Strict):
-    """POST /tokenize (llama-server): text to token ids, optionally with each token's text."""
-
-    content: str
-    add_special: bool = False  # BOS (and the like) where the model's tokenizer adds them
-    parse_special: bool = True  # "<|im_start|>" in the text is that special token, not its characters
-    with_pieces: bool = False
-    model: str = "default"  # which served model's vocabulary
-
-    @field_validator("content")
-    @classmethod
-    def _valid(cls, v: str) -> str:
-        return _text(v, "content")
-
-
-class DetokenizeRequest(_Strict):
-    """POST /detokenize (llama-server): token ids to text."""
-
-    tokens: TokenIds
-    model: str = "default"  # which served model's vocabulary
-
-
-class ApplyTemplateRequest(ChatRequest):
-    """POST /apply-template (llama-server): a chat completions body; model may be left out, nothing is generated."""
-
-    model: str = "default"
-
-
-class EmbeddingsRequest(_Strict):
+class EmbeddingsRequest(StrictBody):
     """POST /v1/embeddings (OpenAI): one string, strings, token ids, or lists of token ids."""
 
     input: Any
@@ -85,7 +36,7 @@ class EmbeddingsRequest(_Strict):
         if isinstance(v, str):
             if not v:
                 raise ValueError("is an empty string; send text to embed")
-            return [_text(v, "input")]
+            return [utf8_text(v, "input")]
         if not isinstance(v, list):
             raise ValueError(f"must be a string, a list of strings or a list of token ids, not {_kind(v)}")
         if not v:
@@ -94,7 +45,7 @@ class EmbeddingsRequest(_Strict):
             empty = next((i for i, x in enumerate(v) if not x), None)
             if empty is not None:
                 raise ValueError(f"input[{empty}] is an empty string; send text to embed")
-            return [_text(x, f"input[{i}]") for i, x in enumerate(v)]
+            return [utf8_text(x, f"input[{i}]") for i, x in enumerate(v)]
         if all(_is_id(x) for x in v):
             return [v]
         if all(isinstance(x, list) for x in v):
@@ -125,59 +76,11 @@ def _kind(x: Any) -> str:
     return "null" if x is None else names.get(type(x), type(x).__name__)
 
 
-@router.post("/tokenize")
-async def tokenize(request: Request, req: TokenizeRequest) -> dict[str, Any]:
-    async with server_state(request).lease(req.model) as slot:
-        # Off the event loop: a body of megabytes is millions of tokens.
-        return {"tokens": await asyncio.to_thread(_tokens, _engine(slot), req)}
-
-
-def _tokens(engine: Engine, req: TokenizeRequest) -> list[int] | list[dict[str, Any]]:
-    ids = engine.vocab.tokenize(req.content, req.add_special, req.parse_special)
-    if not req.with_pieces:
-        return ids
-    return [{"id": t, "piece": _piece(engine.vocab.piece(t, special=True))} for t in ids]
-
-
-def _piece(data: bytes) -> str | list[int]:
-    """A token's text, or its bytes where they are not whole UTF-8 (part of a character), as llama-server gives."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(data)
-
-
-@router.post("/detokenize")
-async def detokenize(request: Request, req: DetokenizeRequest) -> dict[str, str]:
-    async with server_state(request).lease(req.model) as slot:
-        engine = _engine(slot)
-        _check_ids(req.tokens, engine.vocab.n_tokens, "tokens")
-        return {"content": await asyncio.to_thread(engine.vocab.detokenize, req.tokens, True)}
-
-
-def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
-    at = next((i for i, t in enumerate(ids) if not 0 <= t < n_vocab), None)
-    if at is not None:
-        raise RequestError(f"{param}[{at}] is {ids[at]}, outside this model's vocabulary (0 to {n_vocab - 1})", param)
-
-
-@router.post("/apply-template")
-async def apply_template(request: Request, req: ApplyTemplateRequest) -> dict[str, str]:
-    """The prompt text the same body sent to /v1/chat/completions renders to, tools included."""
-    async with server_state(request).lease(req.model) as slot:
-        return {"prompt": await asyncio.to_thread(chat_text, _engine(slot), req)}
-
-
 @router.post("/v1/embeddings")
 async def embeddings(request: Request, req: EmbeddingsRequest) -> dict[str, Any]:
     state = server_state(request)
     async with state.lease(req.model) as slot:
-        return await _embeddings(_engine(slot), slot.name, req)
-
-
-def _engine(slot: Slot) -> Engine:
-    assert slot.engine is not None  # a leased slot stays loaded
-    return slot.engine
+        return await _embeddings(loaded(slot), slot.name, req)
 
 
 async def _embeddings(engine: Engine, model: str, req: EmbeddingsRequest) -> dict[str, Any]:

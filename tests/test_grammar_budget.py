@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.bench.battery import CASES, WEATHER, check, schema_text
-from edgeinfer.engine.closing import rank_of
 from edgeinfer.engine.grammar import Grammars
+from edgeinfer.engine.grammar_budget import rank_of
 from edgeinfer.formats.base import ToolSpec
 from edgeinfer.formats.hermes import Hermes
 from edgeinfer.formats.llama3 import Llama3
