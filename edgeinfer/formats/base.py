@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,6 +103,23 @@ class ToolFormat:
         """Lark source (llguidance's dialect): with required, the whole answer is calls (one unless parallel);
         otherwise `start` is `answer` (the given rule) or free text and then calls."""
         raise NotImplementedError
+
+    def start(self, calls: str, required: bool, answer: str) -> str:
+        """The grammar's `start` for calls that begin with the family's opening (`calls`: the Lark after it).
+
+        With required, the answer is the calls. Otherwise it is `answer` (the given rule) or calls: after free
+        text (an `answer: PLAIN`) up to the first opening, as a lazy lexeme that ends there (not a stop string:
+        one token may hold the opening's end and the calls' first byte, and what follows a stop string in its
+        token is lost to the next rule); where the vocabulary holds the opening as one special token, after
+        plain text and then that token (a regex cannot take a special token)."""
+        opening = self.lit(self.opening)
+        if required:
+            return f"start: {opening} {calls}"
+        if answer.startswith("answer: PLAIN") and self.special(self.opening):
+            return f"start: answer | answer {opening} {calls}\n{answer}"
+        if answer.startswith("answer: PLAIN"):
+            return f"start: answer | prose {calls}\nprose[lazy]: /(?s:.*){re.escape(self.opening)}/\n{answer}"
+        return f"start: answer | {opening} {calls}\n{answer}"  # a response_format answer, or calls
 
     def lit(self, *texts: str) -> str:
         """Lark for these texts in a row: one that is a special token of the vocabulary as llguidance's `<[id]>`

@@ -37,21 +37,10 @@ class Hermes(ToolFormat):
     def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
         call = json.dumps(call_schema(tools))
         # Each tag as `<[id]>` where the vocabulary holds it as one special token (Qwen2.5's), else as text.
-        opening, again, closing = self.lit(OPEN), self.lit("\n", OPEN), self.lit("\n", CLOSE)
+        again, closing = self.lit("\n", OPEN), self.lit("\n", CLOSE)
         more = f"\nmore: ({again} body)~0..{MAX_CALLS - 1}" if parallel else '\nmore: ""'
         body = f'body: "\\n" %json {call} {closing}' + more
-        if required:
-            return f"start: {opening} body more\n{body}\n"
-        if answer.startswith("answer: PLAIN") and self.special(OPEN):
-            # Text (without the opening's text), then the opening's token: a regex cannot take a special token.
-            start = f"start: answer | answer {opening} body more"
-        elif answer.startswith("answer: PLAIN"):
-            # Free text may come before a call, up to the first opening (a lazy lexeme ends there). Not a stop
-            # string: a token that holds the opening's end and the call's first byte (">\n") would lose that byte.
-            start = "start: answer | prose body more\nprose[lazy]: " + r"/(?s:.*)<tool_call>/"
-        else:
-            start = f"start: answer | {opening} body more"  # a response_format answer, or calls
-        return f"{start}\n{answer}\n{body}\n"
+        return f"{self.start('body more', required, answer)}\n{body}\n"
 
     def next_object(self, text: str, after: int) -> int:
         at = text.find(OPEN, after)

@@ -65,20 +65,7 @@ class Mistral(ToolFormat):
 
     def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:
         items = f"items: %json {json.dumps(calls_schema(tools, MAX_CALLS if parallel else 1))}"
-        opening = self.lit(OPEN)  # `<[id]>` where the vocabulary holds it as one control token (Nemo's)
-        if required:
-            return f"start: {opening} items\n{items}\n"
-        if answer.startswith("answer: PLAIN") and self.special(OPEN):
-            # Text (without the opening's text), then the opening's token: a regex cannot take a special token.
-            start = f"start: answer | answer {opening} items"
-        elif answer.startswith("answer: PLAIN"):
-            # Free text may come before the calls, up to the first opening (a lazy lexeme ends there). Not a stop
-            # string: one token may hold the opening's end and the list's "[" ("][" in SmolLM2's vocabulary), and
-            # what follows a stop string in its token is lost to the next rule.
-            start = "start: answer | prose items\nprose[lazy]: " + r"/(?s:.*)\[TOOL_CALLS\]/"
-        else:
-            start = f"start: answer | {opening} items"  # a response_format answer, or calls
-        return f"{start}\n{answer}\n{items}\n"
+        return f"{self.start('items', required, answer)}\n{items}\n"
 
     # --- the answer --------------------------------------------------------------
 

@@ -68,20 +68,10 @@ class Qwen3Coder(ToolFormat):
         # After the first call's "<tool_call>" each further call opens on a new line, as the template writes them.
         # Each tag as `<[id]>` where the vocabulary holds it as one special token (Qwen3-Coder's), else as text.
         first = '"\\n" call more'
-        again, opening = self.lit("\n", OPEN, "\n"), self.lit(OPEN)
+        again = self.lit("\n", OPEN, "\n")
         rules.append(f"more: ({again} call)~0..{MAX_CALLS - 1}" if parallel else 'more: ""')
         rules.append(TEXT_RULE)
-        if required:
-            start = f"start: {opening} {first}"
-        elif answer.startswith("answer: PLAIN") and self.special(OPEN):
-            # Text (without the opening's text), then the opening's token: a regex cannot take a special token.
-            start = f"start: answer | answer {opening} {first}\n{answer}"
-        elif answer.startswith("answer: PLAIN"):
-            # Free text may come before the calls, up to the first opening (a lazy lexeme ends there).
-            start = f"start: answer | prose {first}\nprose[lazy]: /(?s:.*)<tool_call>/\n{answer}"
-        else:
-            start = f"start: answer | {opening} {first}\n{answer}"  # a response_format answer, or calls
-        return "\n".join([start, *rules]) + "\n"
+        return "\n".join([self.start(first, required, answer), *rules]) + "\n"
 
     # --- the answer ------------------------------------------------------------
 
