@@ -14,6 +14,7 @@ import pytest
 from edgeinfer.bench.battery import CASES, WEATHER, check, schema_text
 from edgeinfer.engine.grammar import Grammars
 from edgeinfer.engine.grammar_budget import rank_of
+from edgeinfer.errors import RequestError
 from edgeinfer.formats.base import ToolSpec
 from edgeinfer.formats.hermes import Hermes
 from edgeinfer.formats.llama3 import Llama3
@@ -246,3 +247,19 @@ def test_a_raw_text_value_closes_at_its_tag(grammars):
         _, calls = fmt.parse(text, final=True)
         assert len(calls) == 1 and used <= budget, (budget, text)
         jsonschema.validate(json.loads(calls[0].arguments), edit.parameters)
+
+
+def test_each_grammar_is_compiled_once(grammars, monkeypatch):
+    """An agent's tools come every turn: the same grammar is compiled once, a failing one is refused every time."""
+    calls = []
+    compile_ = grammars._compile
+    monkeypatch.setattr(grammars, "_compile", lambda g: calls.append(g.source) or compile_(g))
+    schema = json.dumps({"type": "object", "properties": {"once": {"type": "integer"}}, "required": ["once"]})
+    first = grammars.compile(Grammar(kind="json_schema", source=schema))
+    assert grammars.compile(Grammar(kind="json_schema", source=schema, origin="tools[0]")) == first
+    assert calls == [schema]
+    bad = Grammar(kind="regex", source="(unclosed")
+    for _ in range(2):
+        with pytest.raises(RequestError):
+            grammars.compile(bad)
+    assert calls == [schema, "(unclosed", "(unclosed"]

@@ -18,6 +18,7 @@ import json
 import re
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,9 @@ class GrammarFailed(Exception):
     """A stream's grammar could not go on (no token allowed, or a parser limit); the stream ends with this."""
 
 
+COMPILED_KEPT = 256  # grammars a model keeps compiled (an agent session uses a handful)
+
+
 class Grammars:
     """Compiles requests' grammars against one vocabulary; llguidance's tokenizer is built on first use."""
 
@@ -57,6 +61,7 @@ class Grammars:
         self._tokenizer: Any = None
         self._closer: Closer | None = None
         self._shortest: dict[str, int | None] = {}  # by compiled grammar: requests repeat their schemas and tools
+        self._compiled: OrderedDict[tuple[str, str], str] = OrderedDict()  # by (kind, source), least recent first
         self._lock = threading.Lock()
 
     def tokenizer(self) -> Any:
@@ -75,7 +80,24 @@ class Grammars:
             return self._closer
 
     def compile(self, grammar: Grammar) -> str:
-        """llguidance's form of the grammar, checked; RequestError (naming its origin) when it cannot be enforced."""
+        """llguidance's form of the grammar, checked; RequestError (naming its origin) when it cannot be enforced.
+
+        Each grammar is compiled once per model: an agent sends the same tools every turn, and a request's tool
+        schemas, checked one by one at the door, are checked again inside its calls' grammar."""
+        key = (grammar.kind, grammar.source)
+        with self._lock:
+            text = self._compiled.get(key)
+            if text is not None:
+                self._compiled.move_to_end(key)
+                return text
+        text = self._compile(grammar)
+        with self._lock:
+            self._compiled[key] = text
+            if len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return text
+
+    def _compile(self, grammar: Grammar) -> str:
         import llguidance
 
         param = grammar.origin
