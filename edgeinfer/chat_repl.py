@@ -58,19 +58,14 @@ class EngineBackend:
     def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Reply:
         engine = self.engine
         text = engine.chat_text(messages)
-        source, config = engine.template.source, engine.config
-        tags = reasoning.thinking_of(source)
-        split = None
-        if tags is not None:
-            # As the server does: the thinking bounded by --reasoning-budget, split by --reasoning-format.
-            started = reasoning.opened(text, tags)
-            budget = reasoning.budget_of(None, config.reasoning_budget)
-            grammar = reasoning.with_thinking(params.grammar, tags, budget, started)
-            params = params.model_copy(update={"grammar": grammar})
-            shown = reasoning.thinking_for(config.reasoning_format, source)
-            split = reasoning.ReasoningSplit(shown, started) if shown is not None else None
-        if engine.template.stops:  # a fallback layout's end marker, written as text
-            params = params.model_copy(update={"stop": [*params.stop, *engine.template.stops]})
+        facts = engine.facts
+        # As the server does: the thinking bounded by --reasoning-budget, split by --reasoning-format.
+        budget = reasoning.budget_of(None, facts.reasoning_budget)
+        thinks = reasoning.plan(facts.template.source, text, params.grammar, budget, facts.reasoning_format)
+        params = params.model_copy(update={"grammar": thinks.grammar})
+        split = reasoning.ReasoningSplit(thinks.shown, thinks.started) if thinks.shown is not None else None
+        if facts.template.stops:  # a fallback layout's end marker, written as text
+            params = params.model_copy(update={"stop": [*params.stop, *facts.template.stops]})
         self._handle = engine.submit(engine.chat_tokens(text), params)[0]
         if split is None:
             yield from self._handle

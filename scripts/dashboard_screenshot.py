@@ -16,9 +16,9 @@ from typing import Any
 
 from edgeinfer.bench.sweep import SayProgress, run_sweep
 from edgeinfer.bench.targets import EngineTarget
-from edgeinfer.engine import make_engine
 from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import EngineConfig
+from edgeinfer.runtime import make_engine
 from edgeinfer.tui.app import Dashboard
 from edgeinfer.tui.launch import bench_with_dashboard, run_headless
 

@@ -16,8 +16,8 @@ from edgeinfer.bench.report import print_sweep
 from edgeinfer.bench.sweep import run_sweep, runs_in
 from edgeinfer.bench.targets import EngineTarget, Target
 from edgeinfer.bench.workloads import WORKLOADS
-from edgeinfer.engine import make_engine
 from edgeinfer.options import EngineConfig
+from edgeinfer.runtime import make_engine
 
 
 def main() -> int:

@@ -21,8 +21,8 @@ from edgeinfer.bench.report import print_sweep
 from edgeinfer.bench.sweep import run_sweep, runs_in
 from edgeinfer.bench.targets import EngineTarget, Target
 from edgeinfer.bench.workloads import messages
-from edgeinfer.engine import make_engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 
 def one_after_another(engine: object, n: int, max_tokens: int) -> float:

@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 
 from edgeinfer.bench.workloads import CHAT, messages
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 

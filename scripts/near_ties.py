@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.llamacpp import ggml
 from edgeinfer.llamacpp.core import Batch, Context, Model, build_identity
 from edgeinfer.options import ContextParams, EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 # A parting is accepted where the reference's gap is within the measured drift times this: the drift is
 # the largest shift seen over a few hundred rows, and rows not sampled can shift somewhat further.

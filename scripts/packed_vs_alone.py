@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 
 from edgeinfer.bench.workloads import QUESTIONS as PROMPTS
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 
 def compare(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> list[tuple[bool, int, float]]:

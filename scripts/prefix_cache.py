@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 TOOLS = [
     ("read_file", "Read a file from the workspace and return its text."),

@@ -20,9 +20,9 @@ from collections import defaultdict
 from typing import Any
 
 from edgeinfer.bench.workloads import CHAT, messages
-from edgeinfer.engine import make_engine
 from edgeinfer.llamacpp import Sampler
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 _picking = [0.0]  # seconds spent in Sampler.sample during the current run
 _native = [False]  # build samplers that go through llama.cpp's chain even for greedy

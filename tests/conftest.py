@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
-from edgeinfer.engine import make_engine
 from edgeinfer.llamacpp import ggml
 from edgeinfer.llamacpp.core import NO_MODELS_ENV, init_backend
 from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import EngineConfig
+from edgeinfer.runtime import make_engine
 
 from . import gate
 

@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 # The near-tie rule lives with the soak's check (scripts/near_ties.py): partings are accepted only
 # within the drift that batch shapes cause, measured on this machine's CPU variant.

@@ -235,7 +235,7 @@ def test_serve_and_chat_start_from_the_settings_file(command, tmp_path, monkeypa
         configs.append(config)
         raise Captured
 
-    target = "edgeinfer.server.app.make_server" if command == "serve" else "edgeinfer.engine.engine.make_engine"
+    target = "edgeinfer.server.app.make_server" if command == "serve" else "edgeinfer.runtime.make_engine"
     monkeypatch.setattr(target, capture)
     args = [command, "--socket", str(tmp_path / "s.sock")] if command == "serve" else [command]
     result = CliRunner().invoke(main, [*args, "--kv-type", "f16"])
@@ -303,7 +303,7 @@ def test_tune_writes_settings_that_serve_reads(runner, tmp_path, monkeypatch):
 @pytest.mark.model
 def test_json_workload_runs_both_sides_and_checks_every_answer(model_path):
     from edgeinfer.bench.jsonload import print_json_bench, run_json_bench
-    from edgeinfer.engine import make_engine
+    from edgeinfer.runtime import make_engine
 
     with make_engine(EngineConfig(model=model_path, parallel=4, ctx_size=4096, spec="off")) as engine:
         results = run_json_bench(engine, [2], 200, 1, lambda line: None)
@@ -321,7 +321,7 @@ def test_agent_tool_validity_counts_valid_calls(model_path, monkeypatch):
     from edgeinfer.bench import targets as targets_module
     from edgeinfer.bench.command import _tool_validity
     from edgeinfer.bench.targets import EngineTarget
-    from edgeinfer.engine import make_engine
+    from edgeinfer.runtime import make_engine
 
     with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=8192, spec="off")) as engine:
         lines = _tool_validity([EngineTarget(engine)], 2)

@@ -10,10 +10,10 @@ import pytest
 
 from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.workloads import QUESTIONS
-from edgeinfer.engine import make_engine
 from edgeinfer.errors import ContextLengthError, EngineClosedError, RequestError
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from . import gate
 from .gate import chat, same_or_near_tie

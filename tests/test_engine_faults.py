@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from edgeinfer.engine import make_engine
 from edgeinfer.errors import EngineFailedError
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from . import gate
 from .gate import chat, same_or_near_tie

@@ -16,7 +16,6 @@ import gguf
 import jsonschema
 import pytest
 
-from edgeinfer.engine import make_engine
 from edgeinfer.engine.grammar import Grammars
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.events import Chunk
@@ -27,6 +26,7 @@ from edgeinfer.formats.select import format_class
 from edgeinfer.llamacpp import Model
 from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import EngineConfig, Grammar, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from .conftest import grammar_takes as matches
 

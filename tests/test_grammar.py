@@ -7,10 +7,10 @@ import json
 import pytest
 
 from edgeinfer.bench.battery import CASES, check, schema_text
-from edgeinfer.engine import make_engine
 from edgeinfer.engine.grammar import closed
 from edgeinfer.errors import RequestError
 from edgeinfer.options import EngineConfig, Grammar, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from . import gate
 from .gate import chat

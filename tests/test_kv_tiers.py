@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from edgeinfer.cli import main
-from edgeinfer.engine import make_engine
 from edgeinfer.errors import RequestError
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from . import gate
 from .gate import same_or_near_tie

@@ -28,8 +28,33 @@ def test_only_the_wrapper_imports_llama_cpp():
     assert importers == ["edgeinfer/llamacpp/core.py"], importers
 
 
+def modules_imported_by(path: Path) -> set[str]:
+    """The full names of the modules path imports, inside functions and TYPE_CHECKING blocks included."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_engine_imports_neither_the_server_nor_the_formats():
+    """The engine runs tokens; the chat layer (edgeinfer.runtime, the server, `edgeinfer chat`) reads ModelFacts."""
+    found = {
+        str(p.relative_to(ROOT)): sorted(m for m in modules_imported_by(p) if m.startswith(FORBIDDEN))
+        for p in (ROOT / "edgeinfer" / "engine").rglob("*.py")
+    }
+    assert len(found) > 10
+    assert {p: ms for p, ms in found.items() if ms} == {}
+
+
+FORBIDDEN = ("edgeinfer.server", "edgeinfer.formats", "edgeinfer.chat_repl", "edgeinfer.cli")
+
+
 def test_the_scheduler_is_pure_python():
-    for name in ("scheduler.py", "step.py", "prefix.py"):
+    for name in ("scheduler.py", "step.py", "stream.py", "prefix.py"):
         assert imports_of(ROOT / "edgeinfer" / "engine" / name) <= {
             "__future__",
             "enum",

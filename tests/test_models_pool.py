@@ -353,7 +353,7 @@ def q8_model(model_path, tmp_path_factory):
 def references(model_path, q8_model):
     """Each model alone (an engine of its own, the server's settings): its greedy answer to each prompt,
     with the top five logprobs the near-tie check reads."""
-    from edgeinfer.engine import make_engine
+    from edgeinfer.runtime import make_engine
 
     out = {}
     for path in (model_path, q8_model):

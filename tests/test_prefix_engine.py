@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from .gate import same_or_near_tie
 

@@ -591,9 +591,9 @@ def test_thinking_then_a_required_tool_call(qwq_server):
 def test_chat_in_the_terminal_thinks_apart_on_the_engine(model_path, qwq_server):
     """edgeinfer chat's in-process backend splits and bounds the thinking as the server does."""
     from edgeinfer.chat_repl import EngineBackend, Thought
-    from edgeinfer.engine import make_engine
     from edgeinfer.events import Chunk, Finish
     from edgeinfer.options import EngineConfig, SamplingParams
+    from edgeinfer.runtime import make_engine
 
     copy = qwq_server.parent / "smollm2-qwq-template.gguf"
     engine = make_engine(EngineConfig(model=copy, parallel=1, ctx_size=512, reasoning_budget=6, spec="off"))

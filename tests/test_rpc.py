@@ -16,9 +16,9 @@ import time
 import pytest
 
 from edgeinfer.client import async_client
-from edgeinfer.engine import make_engine
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig, parse_endpoints, parse_shares
+from edgeinfer.runtime import make_engine
 
 from . import gate
 from .conftest import raw, start_server, stop_process

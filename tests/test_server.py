@@ -19,6 +19,7 @@ from edgeinfer.client import async_client, client
 
 from . import gate
 from .conftest import raw, sse_events, start_server, stop_process
+from .fakes import fake_facts
 
 pytestmark = pytest.mark.model
 
@@ -516,13 +517,10 @@ class _FakeEngine:
 
     def __init__(self):
         from edgeinfer.engine.template import ChatTemplate
-        from edgeinfer.options import EngineConfig
 
         self.threads: list[str] = []
         self.template = ChatTemplate(None)
-        self.config = EngineConfig()
-        self.vocab = self
-        self.sampling_defaults = {}  # the GGUF recommends no sampling
+        self.facts = fake_facts(self.template, self.special_token)  # what the server reads of the model
 
     def special_token(self, text):
         return None  # no tag is a special token here

@@ -79,20 +79,18 @@ def test_a_gguf_that_names_no_context_gets_4096():
 
 def test_a_gguf_that_recommends_sampling_sets_the_defaults_of_what_a_request_leaves_out():
     """llama.cpp's general.sampling.* keys: a request that names a field keeps its own value."""
-    from types import SimpleNamespace
-
     from edgeinfer.options import SamplingParams, model_sampling
     from edgeinfer.server.run import model_defaults
     from edgeinfer.server.schema import ChatRequest
 
     meta = {"general.sampling.temp": 0.0, "general.sampling.top_k": 20, "general.sampling.top_p": 7.5}
     assert model_sampling(meta) == {"temperature": 0.0, "top_k": 20}  # a value out of range is left out
-    engine = SimpleNamespace(sampling_defaults=model_sampling(meta))
+    recommended = model_sampling(meta)
     msgs = [{"role": "user", "content": "hi"}]
     left_out = ChatRequest.model_validate({"model": "m", "messages": msgs, "temperature": None})
-    params = model_defaults(left_out.to_sampling(), left_out, engine)
+    params = model_defaults(left_out.to_sampling(), left_out, recommended)
     assert (params.temperature, params.top_k, params.top_p) == (0.0, 20, SamplingParams().top_p)
     named = ChatRequest.model_validate({"model": "m", "messages": msgs, "temperature": 0.7})
-    params = model_defaults(named.to_sampling(), named, engine)
+    params = model_defaults(named.to_sampling(), named, recommended)
     assert (params.temperature, params.top_k) == (0.7, 20)
     assert model_sampling({}) == {}

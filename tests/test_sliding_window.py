@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.engine import make_engine
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 from models.catalog import resolve_model
 
 from .gate import chat, same_or_near_tie

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from edgeinfer.bench.workloads import code_edit_prompt
 from edgeinfer.cli import main
-from edgeinfer.engine import Engine, make_engine
+from edgeinfer.engine import Engine
 from edgeinfer.engine.stats import SpeculationStats
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 from edgeinfer.speculative.verify import sampling_probs
 
 from . import gate

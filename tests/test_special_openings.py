@@ -13,7 +13,6 @@ import jsonschema
 import llguidance
 import pytest
 
-from edgeinfer.engine import make_engine
 from edgeinfer.engine.grammar import Grammars
 from edgeinfer.events import Chunk
 from edgeinfer.formats import mistral
@@ -25,6 +24,7 @@ from edgeinfer.formats.qwen3_coder import Qwen3Coder
 from edgeinfer.formats.select import KNOWN
 from edgeinfer.llamacpp import Model
 from edgeinfer.options import EngineConfig, Grammar, SamplingParams
+from edgeinfer.runtime import make_engine
 
 from . import gate
 

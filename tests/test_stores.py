@@ -170,7 +170,7 @@ def test_a_catalog_model_not_present_names_the_pull_that_fetches_it(home):
 @pytest.mark.model
 @pytest.mark.parametrize("name", [OLLAMA, LLAMA_CPP, LMSTUDIO, HUB])
 def test_a_store_model_runs_in_place(layouts, tmp_path, monkeypatch, name):
-    import edgeinfer.engine as engine_module
+    import edgeinfer.runtime as engine_module
 
     seen = {}
     real = engine_module.make_engine

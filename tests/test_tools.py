@@ -12,12 +12,12 @@ from edgeinfer.bench.battery import CASES, WEATHER, check
 from edgeinfer.client import async_client, client
 from edgeinfer.formats.base import MAX_CALLS, Call, CallStream, call_schema
 from edgeinfer.formats.hermes import Hermes
-from edgeinfer.options import EngineConfig
 from edgeinfer.server import tools as T
 from edgeinfer.server.schema import ChatRequest
 
 from . import gate
 from .conftest import raw
+from .fakes import fake_facts
 
 pytestmark = pytest.mark.model
 
@@ -361,11 +361,9 @@ class TemplateEngine:
         from edgeinfer.engine.template import ChatTemplate
 
         self.template = ChatTemplate(source)
-        self.config = EngineConfig()
-        self.vocab = self
         self.rendered = ""
         self.grammars = self
-        self.sampling_defaults = {}  # the GGUF recommends no sampling
+        self.facts = fake_facts(self.template, self.special_token)  # what the server reads of the model
 
     def chat_text(self, messages, tools=None):
         self.rendered = self.template.render(messages, tools=tools)

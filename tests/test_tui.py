@@ -22,10 +22,10 @@ from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.bench.workloads import messages
 from edgeinfer.cli import main
-from edgeinfer.engine import make_engine
 from edgeinfer.engine.stats import EngineStats, StreamRow
 from edgeinfer.errors import EngineClosedError
 from edgeinfer.options import EngineConfig, SamplingParams
+from edgeinfer.runtime import make_engine
 from edgeinfer.server.app import make_server
 from edgeinfer.tui import figures
 from edgeinfer.tui.app import Dashboard, make_dashboard

@@ -13,9 +13,9 @@ from edgeinfer.bench.apis import parse_apis
 from edgeinfer.bench.spec import BenchOptions
 from edgeinfer.bench.targets import EngineTarget, RawTarget, ServerTarget, Target
 from edgeinfer.bench.workloads import MAX_TOKENS, messages
-from edgeinfer.engine import make_engine
 from edgeinfer.errors import ConfigError
 from edgeinfer.options import EngineConfig
+from edgeinfer.runtime import make_engine
 
 
 def run_bench(req: BenchOptions, config: EngineConfig, user_set: set[str]) -> None:

@@ -122,7 +122,7 @@ def measured_tune(
     progress: Progress,
 ) -> Tuning:
     """tune() on real runs of the workload."""
-    from edgeinfer.engine import make_engine
+    from edgeinfer.runtime import make_engine
 
     def find_parallel(config: EngineConfig) -> Knee:
         config = config.replace(parallel=max(levels), batch_size=max(config.batch_size, max(levels)))

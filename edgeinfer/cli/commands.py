@@ -80,7 +80,7 @@ def chat(system: str | None, socket_path: str | None, api_key: str | None, resum
     if socket_path:
         chat_loop(SocketBackend(socket_path, api_key), system, params, history, history_path())
         return
-    from edgeinfer.engine import make_engine
+    from edgeinfer.runtime import make_engine
 
     if kw.get("cache_dir") is None:
         kw["cache_dir"] = default_kv_dir()
@@ -277,8 +277,8 @@ def generate(
     prompt: str, n: int, raw: bool, as_json: bool, schema_file: Path | None, grammar_file: Path | None, **kw: Any
 ) -> None:
     """Generate a reply to PROMPT; -n K runs K streams of it in one packed batch."""
-    from edgeinfer.engine import make_engine
     from edgeinfer.events import Chunk
+    from edgeinfer.runtime import make_engine
 
     sampling = sampling_params(kw)
     if schema_file or grammar_file:

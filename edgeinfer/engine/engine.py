@@ -22,11 +22,13 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from edgeinfer.engine import faults
 from edgeinfer.engine.embeddings import Embeddings
 from edgeinfer.engine.emit import Emitter
+from edgeinfer.engine.facts import ModelFacts
 from edgeinfer.engine.grammar import GrammarFailed, Grammars, next_tokens
 from edgeinfer.engine.handle import StreamHandle
 from edgeinfer.engine.kvcache import ContextKv, make_store
@@ -42,7 +44,6 @@ from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
 from edgeinfer.errors import EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
-from edgeinfer.formats import reasoning, select
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
 from edgeinfer.llamacpp.rpc import place_for
 from edgeinfer.models.gguf import read_gguf
@@ -63,18 +64,12 @@ class BetweenSteps(Protocol):
         """The engine stopped: the queued work ends with `error` (the engine's lock is held)."""
 
 
-BASE_MODEL_TOKENS = 512  # where the server ends a base model's chat turn (it has no chat template to end one)
-
-
-def make_engine(config: EngineConfig) -> Engine:
-    """The one factory the CLI, the server, the benchmark and the tests use."""
-    return Engine(config)
-
-
 class Engine:
     """Runs many streams of one model, packed into one llama_decode per step."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, show: Sequence[str] = ()) -> None:
+        """show: texts (the tags of tool calls and thinking) that this vocabulary may hold as special tokens, to be
+        shown as their text so that the answer's parsers see them (llama.cpp renders a control token as nothing)."""
         config, self.sizing = sized(config)  # --ctx-size 0 and --parallel 0 decided from the model and memory
         self.config = config
         self.model_path = config.model
@@ -103,18 +98,24 @@ class Engine:
             self.model.close()
             raise
         self.vocab = self.model.vocab
-        # The tags of tool calls and thinking that this vocabulary holds as special tokens are shown as their text, so
-        # that the answer's parsers see them (llama.cpp renders a control token as nothing).
-        self.vocab.show([m for f in select.KNOWN.values() for m in f.markers])
-        self.vocab.show([tag for t in reasoning.KNOWN for tag in (t.open, t.close)])
+        self.vocab.show(list(show))
         self.template = ChatTemplate.for_model(self.model)
-        self.sampling_defaults = model_sampling(self.model.info.metadata)  # what the GGUF recommends, if anything
         self.n_ctx = self.ctx.n_ctx
         self.per_seq = not self.ctx.kv_unified
         self.n_ctx_stream = self.ctx.n_ctx_seq if self.per_seq else self.n_ctx  # what one stream can hold
         # An answer whose request names no bound runs to the end of its stream's context, as llama-server's does
         # (a base model's chat turn is bounded by the server: server/run.py).
         self.default_max_tokens = self.n_ctx_stream
+        self.facts = ModelFacts(
+            template=self.template,
+            special_token=self.vocab.special_token,
+            n_vocab=self.vocab.n_tokens,
+            n_ctx_stream=self.n_ctx_stream,
+            tool_format=config.tool_format,
+            reasoning_format=config.reasoning_format,
+            reasoning_budget=config.reasoning_budget,
+            sampling_defaults=model_sampling(self.model.info.metadata),
+        )
         self.store = make_store(config, self.model, self.ctx)
         self.sched = Scheduler(
             ContextKv(self.ctx, self.store),

@@ -261,3 +261,22 @@ def with_thinking(grammar: Grammar | None, thinking: Thinking, budget: int | Non
     origin = grammar.origin if grammar is not None else "reasoning_budget"
     # model_construct: the answer's own grammar was checked; the wrapper may take it past the size bound.
     return Grammar.model_construct(kind="lark", source=source, origin=origin)
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingPlan:
+    """How one request's answer thinks: the grammar with the thinking block first, and how the answer is read."""
+
+    grammar: Grammar | None  # the request's grammar, after a thinking block (within the budget) where the model thinks
+    shown: Thinking | None  # the tags the answer is split at (None: the thinking stays in the content)
+    started: bool  # the prompt opened the block
+
+
+def plan(template_source: str, prompt_text: str, grammar: Grammar | None, budget: int | None, fmt: str) -> ThinkingPlan:
+    """The server's and `edgeinfer chat`'s one thinking set-up: where the template opens a block (or the model
+    may), the grammar lets it think first, within budget; the answer is split at the tags unless fmt is none."""
+    tags = thinking_of(template_source)
+    started = tags is not None and opened(prompt_text, tags)
+    if tags is not None:
+        grammar = with_thinking(grammar, tags, budget, started)
+    return ThinkingPlan(grammar, thinking_for(fmt, template_source), started)

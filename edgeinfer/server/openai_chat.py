@@ -39,7 +39,9 @@ async def completions(request: Request, req: CompletionRequest) -> Any:
         prompt = req.prompt_input()
         if isinstance(prompt, str) and prompt:
             prompt = await asyncio.to_thread(engine.tokenize, prompt)
-        handles = await submit(engine, prompt, model_defaults(req.to_sampling(), req, engine), req.n)
+        handles = await submit(
+            engine, prompt, model_defaults(req.to_sampling(), req, engine.facts.sampling_defaults), req.n
+        )
         usage = bool(req.stream_options and req.stream_options.include_usage)
         dialect = CompletionDialect(slot.name, req.logprobs is not None, usage)
         return await respond(request, state, handles, dialect, req.stream, PLAIN)

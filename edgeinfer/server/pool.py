@@ -530,7 +530,7 @@ def model_specs(config: EngineConfig, models: list[str], models_dir: Path | None
 
 def _maker(config: EngineConfig) -> Callable[[], Engine]:
     def make() -> Engine:
-        from edgeinfer.engine import make_engine
+        from edgeinfer.runtime import make_engine
 
         return make_engine(config)
 

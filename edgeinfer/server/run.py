@@ -16,7 +16,6 @@ from typing import Any
 from fastapi import Request
 
 from edgeinfer.engine import Engine
-from edgeinfer.engine.engine import BASE_MODEL_TOKENS
 from edgeinfer.formats import reasoning
 from edgeinfer.formats.base import ToolFormat
 from edgeinfer.formats.select import format_class
@@ -33,10 +32,11 @@ DialectFactory = Callable[[str, int], Dialect]  # called with the model's id and
 def tool_format(engine: Engine, req: ChatRequest) -> tuple[ToolFormat, bool]:
     """The family's format for req's tools (from the model's template, or --tool-format), and whether the
     template writes tools and the call history itself (native) rather than having them described."""
-    template = engine.template
-    cls = format_class(template.source, template.renders_tools, engine.config.tool_format)
+    facts = engine.facts
+    template = facts.template
+    cls = format_class(template.source, template.renders_tools, facts.tool_format)
     fmt = cls(tools.specs(req.tools))
-    fmt.token_of = engine.vocab.special_token  # its grammar names the tags this vocabulary holds as special tokens
+    fmt.token_of = facts.special_token  # its grammar names the tags this vocabulary holds as special tokens
     return fmt, cls.native and template.renders_tools
 
 
@@ -54,7 +54,7 @@ def template_input(
 def chat_text(engine: Engine, req: ChatRequest) -> str:
     """The prompt text req renders to (POST /apply-template shows it): what chat_input tokenizes."""
     messages, offered = template_input(engine, req, *tool_format(engine, req))
-    return engine.template.render(messages, add_generation_prompt=True, tools=offered)
+    return engine.facts.template.render(messages, add_generation_prompt=True, tools=offered)
 
 
 def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:
@@ -78,26 +78,18 @@ def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingPar
                         origin=f"tools[{i}].function.parameters",
                     )
                 )
-    # Thinking: where the template opens a block (or the model may), the grammar lets it think first, within
-    # the request's budget; the answer is split at the tags unless --reasoning-format none.
-    source = engine.template.source
-    tags = reasoning.thinking_of(source)
-    started = tags is not None and reasoning.opened(text, tags)
-    if tags is not None:
-        budget = reasoning.budget_of(req.reasoning_budget, engine.config.reasoning_budget)
-        grammar = reasoning.with_thinking(grammar, tags, budget, started)
-    shape = AnswerShape(
-        calls=fmt if tools.uses_tools(req) else None,
-        thinking=reasoning.thinking_for(engine.config.reasoning_format, source),
-        started=started,
-    )
-    params = model_defaults(req.to_sampling(grammar), req, engine)
-    if engine.template.stops:  # a fallback layout's end marker, written as text
-        params = params.model_copy(update={"stop": [*params.stop, *engine.template.stops]})
-    if engine.template.fallback and (params.max_tokens is None or params.max_tokens > BASE_MODEL_TOKENS):
+    facts = engine.facts
+    budget = reasoning.budget_of(req.reasoning_budget, facts.reasoning_budget)
+    thinks = reasoning.plan(facts.template.source, text, grammar, budget, facts.reasoning_format)
+    shape = AnswerShape(calls=fmt if tools.uses_tools(req) else None, thinking=thinks.shown, started=thinks.started)
+    params = model_defaults(req.to_sampling(thinks.grammar), req, facts.sampling_defaults)
+    if facts.template.stops:  # a fallback layout's end marker, written as text
+        params = params.model_copy(update={"stop": [*params.stop, *facts.template.stops]})
+    limit = facts.turn_limit
+    if limit is not None and (params.max_tokens is None or params.max_tokens > limit):
         # A model with no chat template is a base model: it does not end its turns, so the server does.
-        params = params.model_copy(update={"max_tokens": BASE_MODEL_TOKENS})
-        shape = dataclasses.replace(shape, turn_end=BASE_MODEL_TOKENS)
+        params = params.model_copy(update={"max_tokens": limit})
+        shape = dataclasses.replace(shape, turn_end=limit)
     return prompt, params, shape
 
 
@@ -116,8 +108,8 @@ async def run_chat(
         return await respond(request, state, handles, dialect_factory(slot.name, len(prompt)), stream, shape)
 
 
-def model_defaults(params: SamplingParams, req: SamplingFields, engine: Engine) -> SamplingParams:
+def model_defaults(params: SamplingParams, req: SamplingFields, recommended: dict[str, Any]) -> SamplingParams:
     """params with the model's recommended sampling (its GGUF's general.sampling.*) for the fields the request
     left out."""
-    unset = {k: v for k, v in engine.sampling_defaults.items() if k not in req.model_fields_set}
+    unset = {k: v for k, v in recommended.items() if k not in req.model_fields_set}
     return params.model_copy(update=unset) if unset else params
