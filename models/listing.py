@@ -18,14 +18,6 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-SOURCE_TITLES = {
-    "hub": "Hugging Face Hub cache",
-    "llama.cpp": "llama.cpp cache",
-    "lmstudio": "LM Studio",
-    "ollama": "Ollama",
-}
-
-
 def describe(info: GGUFInfo, size: int | None = None) -> str:
     """Architecture, parameters, quant, context, vocabulary and size (`size`: all parts of a split GGUF)."""
     return (
@@ -75,7 +67,7 @@ def list_models() -> None:
     for store in searched:
         if not store.found:
             continue
-        click.echo(click.style(f"\n{SOURCE_TITLES[store.source]} ({store.root})", bold=True))
+        click.echo(click.style(f"\n{stores.source_named(store.source).title} ({store.root})", bold=True))
         for f in store.found:
             seen.add(f.path.resolve())
             first = shown.setdefault(f.name.lower(), f)

@@ -31,9 +31,10 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from edgeinfer.errors import ConfigError, ModelFileError
 
@@ -46,8 +47,6 @@ _SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$")
 _TAG = re.compile(r"[-.]([A-Za-z0-9_]+)$")
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 
-SOURCES = ("hub", "llama.cpp", "lmstudio", "ollama")
-
 
 @dataclass(slots=True)
 class Found:
@@ -55,7 +54,7 @@ class Found:
 
     name: str  # what to pass to --model
     path: Path  # the file llama.cpp maps (the first part of a split GGUF)
-    source: str  # one of SOURCES
+    source: str  # its Source's name
     size: int  # bytes, all parts of a split GGUF
     repos: tuple[str, ...] = ()  # lower-case repo/model names a shorter --model may use ("owner/repo", "qwen2.5")
     tag: str = ""  # quant (Hub, LM Studio, llama.cpp) or tag (Ollama) a shorter --model may use
@@ -121,22 +120,14 @@ def lmstudio_stores() -> list[Path]:
 
 
 def default_stores() -> list[Store]:
-    places = [Store("hub", hub_cache()), Store("llama.cpp", llama_cache())]
-    places += [Store("lmstudio", p) for p in lmstudio_stores()]
-    places += [Store("ollama", p) for p in ollama_stores()]
-    return places
+    """Each source's own folders, in precedence order."""
+    return [Store(src.name, p) for src in SOURCES for p in src.places()]
 
 
 def kind_of(root: Path) -> str:
-    """Which tool's layout a folder named in EDGEINFER_STORES has."""
-    if (root / "manifests").is_dir() and (root / "blobs").is_dir():
-        return "ollama"
-    names = [p.name for p in root.iterdir()] if root.is_dir() else []
-    if any(n.endswith(".gguf") or n.startswith("manifest=") for n in names):
-        return "llama.cpp"
-    if any(n.startswith("models--") for n in names):
-        return "hub"
-    return "lmstudio"
+    """Which tool's layout a folder named in EDGEINFER_STORES has: the first source (most specific first) that
+    recognises it, else the plain folder of GGUFs (LM Studio's)."""
+    return next((src.name for src in sorted(SOURCES, key=lambda x: -x.specificity) if src.recognises(root)), "lmstudio")
 
 
 def candidates() -> list[Store]:
@@ -320,7 +311,102 @@ def scan_ollama(root: Path) -> list[Found]:
     return out
 
 
-_SCANNERS = {"hub": scan_hub, "llama.cpp": scan_llama_cache, "lmstudio": scan_lmstudio, "ollama": scan_ollama}
+class Source(Protocol):
+    """One tool's store of models: where it keeps them, how to tell its folder, how to scan it."""
+
+    @property
+    def name(self) -> str:
+        """What `edgeinfer models` and Found.source call it."""
+        ...
+
+    @property
+    def title(self) -> str:
+        """Its heading in `edgeinfer models`."""
+        ...
+
+    @property
+    def specificity(self) -> int:
+        """EDGEINFER_STORES folders are recognised by the most specific source first (0: never by layout)."""
+        ...
+
+    def places(self) -> list[Path]:
+        """Its default folders (present or not)."""
+        ...
+
+    def recognises(self, root: Path) -> bool:
+        """Whether a folder has this tool's layout."""
+        ...
+
+    def scan(self, root: Path) -> list[Found]:
+        """The GGUFs in one of its folders."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A source made of its functions: the built-in ones."""
+
+    name: str
+    title: str
+    specificity: int
+    folders: Callable[[], list[Path]]
+    layout: Callable[[Path], bool]
+    scanner: Callable[[Path], list[Found]]
+
+    def places(self) -> list[Path]:
+        return self.folders()
+
+    def recognises(self, root: Path) -> bool:
+        return self.layout(root)
+
+    def scan(self, root: Path) -> list[Found]:
+        return self.scanner(root)
+
+
+def _entries(root: Path) -> list[str]:
+    return [p.name for p in root.iterdir()] if root.is_dir() else []
+
+
+# In precedence order: of two files under one name, the first source's runs.
+SOURCES: list[Source] = [
+    Kept(
+        "hub",
+        "Hugging Face Hub cache",
+        1,
+        lambda: [hub_cache()],
+        lambda r: any(n.startswith("models--") for n in _entries(r)),
+        scan_hub,
+    ),
+    Kept(
+        "llama.cpp",
+        "llama.cpp cache",
+        2,
+        lambda: [llama_cache()],
+        lambda r: any(n.endswith(".gguf") or n.startswith("manifest=") for n in _entries(r)),
+        scan_llama_cache,
+    ),
+    Kept("lmstudio", "LM Studio", 0, lmstudio_stores, lambda r: False, scan_lmstudio),
+    Kept(
+        "ollama",
+        "Ollama",
+        3,
+        ollama_stores,
+        lambda r: (r / "manifests").is_dir() and (r / "blobs").is_dir(),
+        scan_ollama,
+    ),
+]
+
+
+def register_source(source: Source) -> Source:
+    """Add a tool's store (a Source in a module of its own): searched after the built-in ones."""
+    if any(s.name == source.name for s in SOURCES):
+        raise ValueError(f"a model source named {source.name!r} is already registered")
+    SOURCES.append(source)
+    return source
+
+
+def source_named(name: str) -> Source:
+    return next(s for s in SOURCES if s.name == name)
 
 
 def discover(places: Iterable[Store] | None = None) -> list[Store]:
@@ -328,7 +414,7 @@ def discover(places: Iterable[Store] | None = None) -> list[Store]:
     out = []
     for store in stores() if places is None else places:
         try:
-            store.found = _SCANNERS[store.source](store.root)
+            store.found = source_named(store.source).scan(store.root)
         except OSError:
             store.found = []
         out.append(store)

@@ -49,6 +49,21 @@ def baseline(model_path):
     return outs
 
 
+def test_a_new_drafter_is_one_module_and_its_registration(model_path, baseline):
+    """tests/toy_drafter.py, registered: its drafts go through the same verification, losslessly."""
+    from edgeinfer.speculative import drafting
+
+    from .toy_drafter import echo_for
+
+    drafting.register_drafter(echo_for)  # the registration line
+    try:
+        config = EngineConfig(model=model_path, spec="ngram", **EXACT)
+        _, stats = run_all(config, SamplingParams(temperature=0, max_tokens=80), baseline)
+    finally:
+        drafting.DRAFTERS.remove(echo_for)
+    assert stats.source == "echo" and stats.drafted > 0 and stats.accepted <= stats.drafted
+
+
 @pytest.mark.parametrize("mode", ["ngram", "auto"])
 def test_greedy_ngram_speculation_equals_no_speculation(model_path, baseline, mode):
     _, stats = run_all(
@@ -242,5 +257,7 @@ def test_draft_model_keeps_speculating_over_many_requests(model_path):
             stats = eng.snapshot().spec
             assert stats.error is None, f"round {r}: {stats.error}"
             drafted.append(stats.drafted)
-        assert eng.speculator is not None and not eng.speculator.drafter.held  # every ended stream's sequence is gone
+        assert (
+            eng.speculator is not None and not eng.speculator.drafter.drafts.held
+        )  # every ended stream's sequence is gone
     assert all(b > a for a, b in pairwise(drafted)), drafted

@@ -12,9 +12,20 @@ from edgeinfer.formats.qwen3_coder import Qwen3Coder
 
 # Most specific first: the first whose detect() knows the template wins (Qwen3-Coder's template also
 # names <tool_call>, so it comes before Hermes).
-FAMILIES: tuple[type[ToolFormat], ...] = (Qwen3Coder, Mistral, Llama3, Hermes)
-_ALL: tuple[type[ToolFormat], ...] = (*FAMILIES, Generic)
-KNOWN: dict[str, type[ToolFormat]] = {f.name: f for f in _ALL}
+FAMILIES: list[type[ToolFormat]] = [Qwen3Coder, Mistral, Llama3, Hermes]
+_BUILT_IN: list[type[ToolFormat]] = [*FAMILIES, Generic]
+KNOWN: dict[str, type[ToolFormat]] = {f.name: f for f in _BUILT_IN}
+
+
+def register_family(family: type[ToolFormat]) -> type[ToolFormat]:
+    """Add a family (a ToolFormat subclass in a module of its own): its detect() is asked before the built-in
+    families' (a new family is the more specific), its markers are shown as text by engines made after this,
+    and its name is a known format. Usable as a class decorator."""
+    if family.name in KNOWN:
+        raise ValueError(f"a tool format named {family.name!r} is already registered")
+    FAMILIES.insert(0, family)
+    KNOWN[family.name] = family
+    return family
 
 
 def format_class(template: str, renders_tools: bool, override: str = "auto") -> type[ToolFormat]:

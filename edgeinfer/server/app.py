@@ -17,19 +17,14 @@ from edgeinfer.engine import Engine
 from edgeinfer.errors import EdgeInferError, EngineClosedError, ModelLoadingError, QueueFullError
 from edgeinfer.options import EngineConfig
 from edgeinfer.server import embeddings, messages, openai_chat, responses, routes, tokens
+from edgeinfer.server.api import Api, ErrorShapes
 from edgeinfer.server.limits import DEFAULT_MAX_BODY_MB, BodyLimit
 from edgeinfer.server.pool import DEFAULT_LOAD_TIMEOUT_S, ModelPool, ModelSpec, Serving, model_specs
 from edgeinfer.server.state import ServerState, error_response
 
-# Every API the server speaks: one router per module. A new dialect adds its router here.
-ROUTERS = [
-    routes.router,  # health, models, metrics, stats
-    openai_chat.router,  # OpenAI's chat and text completions
-    responses.router,  # OpenAI's Responses API
-    messages.router,  # Anthropic's Messages API
-    tokens.router,  # llama-server's /tokenize, /detokenize, /apply-template
-    embeddings.router,  # OpenAI's /v1/embeddings
-]
+# Every API the server speaks, each declared at the end of its module (server/api.py). A new dialect adds its
+# module's API here.
+APIS: list[Api] = [routes.API, openai_chat.API, responses.API, messages.API, tokens.API, embeddings.API]
 
 
 def make_server(
@@ -57,9 +52,11 @@ def make_app(
     api_key: str | None = None,
     load_in_background: bool = True,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    apis: list[Api] | None = None,
 ) -> FastAPI:
     """The app over one model whose engine `factory` makes (tests hand it a fake)."""
-    return make_pool_app(ModelPool([ModelSpec(model_id, None, factory)]), api_key, load_in_background, max_body_mb)
+    pool = ModelPool([ModelSpec(model_id, None, factory)])
+    return make_pool_app(pool, api_key, load_in_background, max_body_mb, apis)
 
 
 def make_pool_app(
@@ -67,12 +64,15 @@ def make_pool_app(
     api_key: str | None = None,
     load_in_background: bool = True,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    apis: list[Api] | None = None,
 ) -> FastAPI:
     """Build the app; the default model is loaded at startup (in a thread, so /health answers 503 meanwhile),
     the others on their first request.
 
-    Request bodies over max_body_mb MiB are refused with 413 before they are parsed.
+    Request bodies over max_body_mb MiB are refused with 413 before they are parsed. apis: the APIs it speaks
+    (default: APIS, every one).
     """
+    apis = APIS if apis is None else apis
     state = ServerState(None, pool.default, api_key, pool)
 
     @asynccontextmanager
@@ -92,9 +92,10 @@ def make_pool_app(
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(EdgeInferError, engine_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
-    for router in ROUTERS:
-        app.include_router(router)
-    app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20))
+    state.error_shape = ErrorShapes(apis)
+    for api in apis:
+        app.include_router(api.router)
+    app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20), error_shape=state.error_shape)
     return app
 
 

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import RequestError
+from edgeinfer.server.api import Api
 from edgeinfer.server.pool import loaded
 from edgeinfer.server.schema import StrictBody, utf8_text
 from edgeinfer.server.state import authorized, server_state
@@ -113,3 +114,6 @@ def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
     if fmt == "base64":  # the float32 values' little-endian bytes, as OpenAI sends them
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return vector.tolist()  # type: ignore[no-any-return]
+
+
+API = Api("embeddings", router)  # OpenAI's /v1/embeddings; errors in OpenAI's shape

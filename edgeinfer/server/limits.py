@@ -6,7 +6,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from edgeinfer.server.state import error_shape
+from edgeinfer.server.api import ErrorShapes
 
 DEFAULT_MAX_BODY_MB = 8.0  # a long chat is well under 1 MiB of JSON
 
@@ -27,9 +27,10 @@ class BodyLimit:
     """ASGI middleware: a declared Content-Length over the cap is answered 413 at once, unread;
     a chunked body is counted as it arrives and cut at the cap (BodyTooLarge, rendered as 413)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, error_shape: ErrorShapes) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.error_shape = error_shape  # the served APIs' error shapes by path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,7 +38,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            shape = error_shape(scope["path"])  # in the error shape of the API the body was sent to
+            shape = self.error_shape(scope["path"])  # in the error shape of the API the body was sent to
             body = shape(413, too_large_message(self.max_bytes), "invalid_request_error", None, None)
             await JSONResponse(body, status_code=413)(scope, receive, send)
             return

@@ -13,7 +13,7 @@ prompt's length, what count_tokens returns); cache_creation_input_tokens is alwa
 every prompt is kept for reuse without being asked.
 
 Every error on these paths is in Anthropic's envelope, {"type": "error", "error": {"type", "message"}}:
-this module registers it for /v1/messages in state.ERROR_SHAPES, which the app's handlers follow.
+its Api (the end of this module) gives it for /v1/messages and below, which the app's handlers follow.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from edgeinfer.errors import RequestError
+from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.messages_schema import (
     CountTokensRequest,
@@ -44,7 +45,7 @@ from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, Tool
 from edgeinfer.server.pool import loaded
 from edgeinfer.server.run import chat_input, run_chat
 from edgeinfer.server.schema import ChatRequest
-from edgeinfer.server.state import ERROR_SHAPES, authorized, server_state
+from edgeinfer.server.state import authorized, server_state
 
 # --- errors ---------------------------------------------------------------------
 
@@ -67,11 +68,6 @@ def error_body(
     OpenAI's vocabulary, are what the app's handlers know: the message already names the field)."""
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-# Every error answered on /v1/messages and below (a body that fails validation, a wrong key, an
-# engine error, an unknown path) is in Anthropic's envelope.
-ERROR_SHAPES["/v1/messages"] = error_body
 
 
 # --- the request, translated ----------------------------------------------------
@@ -396,3 +392,8 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     async with state.lease(req.model) as slot:
         prompt, _, _ = await asyncio.to_thread(chat_input, loaded(slot), req)
     return {"input_tokens": len(prompt)}
+
+
+# Every error answered on /v1/messages and below (a body that fails validation, a wrong key, an
+# engine error, an unknown path) is in Anthropic's envelope.
+API = Api("messages", router, paths=("/v1/messages",), error_shape=error_body)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from edgeinfer.events import Finish, StreamStats, TokenLogprob
+from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.output import PLAIN, Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from edgeinfer.server.run import model_defaults, run_chat
@@ -253,3 +254,6 @@ class CompletionDialect(_OpenAI):
             for d in done
         ]
         return self._whole("text_completion", choices, done)
+
+
+API = Api("chat", router)  # OpenAI's chat and text completions; errors in OpenAI's shape

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
 from edgeinfer.errors import ContextLengthError, RequestError
+from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.responses_render import ResponsesDialect
 from edgeinfer.server.responses_schema import (
@@ -244,3 +245,6 @@ async def input_items(
     page = items[:limit]
     first, last = (page[0].get("id"), page[-1].get("id")) if page else (None, None)
     return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": len(items) > limit}
+
+
+API = Api("responses", router)  # OpenAI's Responses API; errors in OpenAI's shape

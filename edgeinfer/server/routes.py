@@ -14,6 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sse_starlette import EventSourceResponse
 
 from edgeinfer.errors import EdgeInferError, EngineClosedError, RequestError
+from edgeinfer.server.api import Api
 from edgeinfer.server.state import ServerState, authorized, server_state
 
 router = APIRouter()
@@ -95,3 +96,6 @@ def _stats(state: ServerState, model: str | None) -> dict[str, Any]:
 
 
 router.include_router(guarded)
+
+
+API = Api("routes", router)  # health, models, metrics, stats; errors in OpenAI's shape

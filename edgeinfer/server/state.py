@@ -6,7 +6,6 @@ import hmac
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -15,10 +14,10 @@ from starlette.exceptions import HTTPException
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import EngineClosedError
+from edgeinfer.server.api import ErrorShapes
 from edgeinfer.server.lenient import Ignored
 from edgeinfer.server.pool import ModelPool, ModelSpec, Slot
 from edgeinfer.server.prometheus import EngineCollector, IgnoredCollector
-from edgeinfer.server.schema import error_body
 
 
 class ServerState:
@@ -43,6 +42,7 @@ class ServerState:
         self._fatal: str | None = None  # kept once seen: the engine may be closed and gone by the time serve() asks
         self.started = time.time()
         self.ignored = Ignored()  # fields requests carried that mean nothing here, counted per API (lenient.py)
+        self.error_shape = ErrorShapes([])  # by path: the served APIs' error shapes (make_pool_app sets them)
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(lambda: self.pool.read(lambda e: (e.snapshot(), e.metrics))))
         self.registry.register(IgnoredCollector(self.ignored))
@@ -118,31 +118,6 @@ async def authorized(request: Request) -> None:
         raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
 
 
-class ErrorShape(Protocol):
-    """An API's error body. type_ is OpenAI's vocabulary (invalid_request_error, authentication_error,
-    server_error); a shape maps it, and the status, onto its own."""
-
-    def __call__(
-        self, status: int, message: str, type_: str, param: str | None, code: str | None
-    ) -> dict[str, Any]: ...
-
-
-def _openai_shape(status: int, message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
-    return error_body(message, type_, param, code)
-
-
-# Path prefix -> the error body of the API served there; OpenAI's everywhere else. A dialect's
-# module registers its own at import (ERROR_SHAPES["/v1/messages"] = ...), so that the app's
-# handlers (a body that fails validation, a wrong key, an engine error) answer in its shape.
-ERROR_SHAPES: dict[str, ErrorShape] = {}
-
-
-def error_shape(path: str) -> ErrorShape:
-    """The error shape for a request path: the longest registered prefix that matches."""
-    found = [p for p in ERROR_SHAPES if path == p or path.startswith(p.rstrip("/") + "/")]
-    return ERROR_SHAPES[max(found, key=len)] if found else _openai_shape
-
-
 def error_response(
     request: Request,
     status: int,
@@ -153,5 +128,5 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """An error answer in the shape of the API the request was sent to."""
-    body = error_shape(request.url.path)(status, message, type_, param, code)
+    body = server_state(request).error_shape(request.url.path)(status, message, type_, param, code)
     return JSONResponse(body, status_code=status, headers=headers)

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import RequestError
+from edgeinfer.server.api import Api
 from edgeinfer.server.pool import loaded
 from edgeinfer.server.run import chat_text
 from edgeinfer.server.schema import MAX_PROMPT_IDS, ChatRequest, StrictBody, utf8_text
@@ -93,3 +94,6 @@ async def apply_template(request: Request, req: ApplyTemplateRequest) -> dict[st
     """The prompt text the same body sent to /v1/chat/completions renders to, tools included."""
     async with server_state(request).lease(req.model) as slot:
         return {"prompt": await asyncio.to_thread(chat_text, loaded(slot), req)}
+
+
+API = Api("tokens", router)  # llama-server's /tokenize, /detokenize, /apply-template; errors in OpenAI's shape

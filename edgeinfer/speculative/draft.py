@@ -18,13 +18,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgeinfer.engine.prefix import common_prefix
 from edgeinfer.errors import ConfigError
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
+from edgeinfer.speculative.drafting import Draft, Pick
 from edgeinfer.speculative.verify import sampling_probs
+
+if TYPE_CHECKING:
+    from edgeinfer.engine.stream import Stream
 
 
 @dataclass(slots=True)
@@ -41,12 +46,6 @@ class DraftRequest:
     # None: draft the draft model's most likely token (verified by sample-and-match or greedily).
     # Given: draw each token from the draft's sampling law q, for rejection sampling against q.
     rng: np.random.Generator | None = None
-
-
-@dataclass(slots=True)
-class Draft:
-    tokens: list[int]
-    q: np.ndarray | None  # (len(tokens), vocab) laws the tokens were drawn from; None unless drawn
 
 
 def check_vocab(target: Model, draft: Model) -> None:
@@ -192,3 +191,37 @@ def _top_prob(logits: np.ndarray, temperature: float) -> float:
     """The most likely token's probability at the stream's temperature (greedy: at temperature 1)."""
     x = logits.astype(np.float64) / (temperature if temperature > 0 else 1.0)
     return 1.0 / float(np.exp(x - x.max()).sum())
+
+
+class ModelDrafter:
+    """Drafts from a draft model (DraftModel): every picked stream's draft in one decode per depth."""
+
+    name = "draft"
+    prior_alpha = 0.7
+    runs_model = True
+
+    def __init__(self, drafts: DraftModel) -> None:
+        self.drafts = drafts
+
+    def attach(self, stream: Stream) -> None:
+        return None
+
+    def available(self, stream: Stream, room: int) -> int:
+        return room
+
+    def draft(self, picks: list[Pick], on_step: Callable[[int, float], None]) -> dict[int, Draft]:
+        reqs = []
+        for pick in picks:
+            s, p = pick.stream, pick.stream.params
+            reqs.append(DraftRequest(s.seq, s.tokens, pick.k, p.temperature, p.top_k, p.top_p, p.min_p, pick.rng))
+        by_seq = self.drafts.draft(reqs, on_step)
+        return {pick.stream.id: by_seq[pick.stream.seq] for pick in picks}
+
+    def emitted(self, stream: Stream, tokens: list[int]) -> None:
+        pass
+
+    def detach(self, stream: Stream) -> None:
+        self.drafts.forget(stream.seq)  # its sequence in the draft model's KV
+
+    def close(self) -> None:
+        self.drafts.close()

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from edgeinfer.speculative.drafting import Draft, Pick
+
+if TYPE_CHECKING:
+    from edgeinfer.engine.stream import Stream
+
 
 class NgramIndex:
     """Positions of n-grams in one stream's tokens, updated as tokens are appended.
@@ -34,3 +42,39 @@ class NgramIndex:
             if start is not None and start < len(toks):
                 return toks[start : start + k]
         return []
+
+
+class NgramDrafter:
+    """Prompt lookup: each stream's own tokens, indexed; a draft is what followed the current n-gram before."""
+
+    name = "ngram"
+    prior_alpha = 0.5
+    runs_model = False
+
+    def __init__(self) -> None:
+        self._found: dict[int, list[int]] = {}  # by stream id: what available() found this step
+
+    def attach(self, stream: Stream) -> NgramIndex:
+        index = NgramIndex()
+        index.extend(stream.tokens)
+        return index
+
+    def available(self, stream: Stream, room: int) -> int:
+        assert stream.drafting is not None
+        self._found[stream.id] = found = stream.drafting.own.draft(room)
+        return len(found)
+
+    def draft(self, picks: list[Pick], on_step: Callable[[int, float], None]) -> dict[int, Draft]:
+        out = {p.stream.id: Draft(self._found[p.stream.id][: p.k], None) for p in picks}
+        self._found.clear()
+        return out
+
+    def emitted(self, stream: Stream, tokens: list[int]) -> None:
+        assert stream.drafting is not None
+        stream.drafting.own.extend(tokens)
+
+    def detach(self, stream: Stream) -> None:
+        self._found.pop(stream.id, None)
+
+    def close(self) -> None:
+        pass

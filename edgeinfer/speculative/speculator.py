@@ -18,12 +18,32 @@ from edgeinfer.engine.stream import Stream
 from edgeinfer.llamacpp import Context, ContextParams, Model
 from edgeinfer.options import EngineConfig
 from edgeinfer.speculative.control import Acceptance, Candidate, Controller, Gate
-from edgeinfer.speculative.draft import DraftModel, DraftRequest
-from edgeinfer.speculative.drafting import Drafting
-from edgeinfer.speculative.ngram import NgramIndex
+from edgeinfer.speculative.draft import DraftModel, ModelDrafter
+from edgeinfer.speculative.drafting import DRAFTERS, Drafter, Drafting, Pick
+from edgeinfer.speculative.ngram import NgramDrafter
 from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_rejection, verify_sample_match
 
-PRIOR_ALPHA = {"ngram": 0.5, "draft": 0.7}
+
+def _draft_model(config: EngineConfig, target: Model, params: ContextParams) -> Drafter | None:
+    if config.draft_model is None or config.spec == "ngram":
+        return None
+    return ModelDrafter(DraftModel(config.draft_model, target, params, config.draft_p_min))
+
+
+def _ngram(config: EngineConfig, target: Model, params: ContextParams) -> Drafter:
+    return NgramDrafter()
+
+
+BUILT_IN = (_draft_model, _ngram)  # the n-gram drafter answers every configuration
+
+
+def make_drafter(config: EngineConfig, target: Model, params: ContextParams) -> Drafter:
+    """The drafter config asks for: a registered one's (drafting.register_drafter), else a built-in one."""
+    for factory in (*DRAFTERS, *BUILT_IN):
+        drafter = factory(config, target, params)
+        if drafter is not None:
+            return drafter
+    raise AssertionError("the n-gram drafter answers every configuration")
 
 
 @dataclass(slots=True)
@@ -60,10 +80,8 @@ class Speculator:
         self.mode = config.spec
         self.batch_invariant = batch_invariant
         self.adaptive = config.spec == "auto"
-        self.drafter: DraftModel | None = None
-        if config.draft_model is not None:
-            self.drafter = DraftModel(config.draft_model, target, ctx_params, config.draft_p_min)
-        self.source = "draft" if self.drafter is not None and self.mode != "ngram" else "ngram"
+        self.drafter = make_drafter(config, target, ctx_params)
+        self.source = self.drafter.name
         # Sample-and-match by default: every emitted token is the stream's own sampler's draw, so
         # seeded text is the same with speculation on or off, whatever the drafts were.
         self.rejection = config.spec_verify == "rejection"
@@ -71,7 +89,7 @@ class Speculator:
         self.controller = Controller(config.spec_max)
         self.gate = Gate()
         self.counters = SpeculationCounters(config.spec_max)
-        self._prior = Acceptance(PRIOR_ALPHA[self.source], weight=0.05)
+        self._prior = Acceptance(self.drafter.prior_alpha, weight=0.05)
         self.enabled = True  # False: no drafts (the benchmark compares both on one engine); verification goes on
 
     def attach(self, stream: Stream) -> None:
@@ -86,18 +104,14 @@ class Speculator:
             # near an interval edge would land elsewhere: a seed promises the same text with
             # speculation on or off, so seeded sampling decodes plainly.
             return
-        ngram = None
-        if self.source == "ngram":
-            ngram = NgramIndex()
-            ngram.extend(stream.tokens)
         seed = None if params.seed is None else params.seed + stream.index
-        stream.drafting = Drafting(ngram, Acceptance(self._prior.alpha), np.random.default_rng(seed))
+        stream.drafting = Drafting(None, Acceptance(self._prior.alpha), np.random.default_rng(seed))
+        stream.drafting.own = self.drafter.attach(stream)
 
     def detach(self, stream: Stream) -> None:
-        """The stream has ended: its state goes (its counts stay), and so does its sequence in the draft model's KV."""
+        """The stream has ended: its state goes (its counts stay), and the drafter's (a draft model's KV)."""
         stream.drafting = None
-        if self.drafter is not None:
-            self.drafter.forget(stream.seq)
+        self.drafter.detach(stream)
 
     # --- before the step ----------------------------------------------------
 
@@ -111,19 +125,15 @@ class Speculator:
         decoding = [s for s in running if not s.fork_pending and len(s.tokens) - s.n_computed == 1]
         cands: list[Candidate] = []
         by_id: dict[int, Stream] = {}
-        ngram_drafts: dict[int, list[int]] = {}
         for s in decoding:
             st = s.drafting
             room = min(self.max_draft, s.max_new - s.n_generated - 1)
             # The first token always comes from the plain path: it may feed forked streams too.
             if st is None or room <= 0 or s.n_generated == 0:
                 continue
-            if st.ngram is not None:
-                found = st.ngram.draft(room)
-                if not found:
-                    continue
-                ngram_drafts[s.id] = found
-                room = len(found)
+            room = self.drafter.available(s, room)
+            if room <= 0:
+                continue
             cands.append(Candidate(s.id, st.accept.alpha, room))
             by_id[s.id] = s
         if not cands:
@@ -132,28 +142,23 @@ class Speculator:
             return {}
         if self.adaptive:
             base = len(decoding) + prefill_tokens
-            plan = self.controller.plan(cands, base, len(decoding), self.drafter is not None)
+            plan = self.controller.plan(cands, base, len(decoding), self.drafter.runs_model)
         else:
             plan = {c.key: c.available for c in cands}
         plan = {key: k for key, k in plan.items() if k > 0}
         if not plan:
             return {}
-        if self.source == "ngram":
-            return {key: ngram_drafts[key][:k] for key, k in plan.items()}
-        assert self.drafter is not None
-        reqs = []
+        picks = []
         for key, k in plan.items():
             s = by_id[key]
-            st, p = s.drafting, s.params
-            assert st is not None  # a candidate drafts
-            rng = st.rng if self.rejection and p.temperature > 0 else None
-            reqs.append(DraftRequest(s.seq, s.tokens, k, p.temperature, p.top_k, p.top_p, p.min_p, rng))
-        drafts = self.drafter.draft(reqs, self.controller.draft.observe)
+            assert s.drafting is not None  # a candidate drafts
+            rng = s.drafting.rng if self.rejection and s.params.temperature > 0 else None
+            picks.append(Pick(s, k, rng))
+        drafts = self.drafter.draft(picks, self.controller.draft.observe)
         out = {}
-        for key in plan:
-            s = by_id[key]
-            d = drafts[s.seq]
-            out[key] = d.tokens
+        for pick in picks:
+            s, d = pick.stream, drafts[pick.stream.id]
+            out[s.id] = d.tokens
             assert s.drafting is not None
             s.drafting.q = d.q
         return out
@@ -200,9 +205,8 @@ class Speculator:
         return out
 
     def emitted(self, s: Stream, tokens: list[int]) -> None:
-        st = s.drafting
-        if st is not None and st.ngram is not None:
-            st.ngram.extend(tokens)
+        if s.drafting is not None:
+            self.drafter.emitted(s, tokens)
 
     def stats(self) -> SpeculationStats:
         c = self.counters
@@ -217,5 +221,4 @@ class Speculator:
         )
 
     def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
+        self.drafter.close()
