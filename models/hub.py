@@ -17,6 +17,8 @@ from pathlib import Path
 
 from edgeinfer.errors import HubAccessError, HubError, HubNotFoundError, ModelFileError
 
+from .files import is_model_file, quant_of, split_of
+
 # huggingface_hub (and gguf with numpy) take about 0.5 s to import, so they are imported where a Hub name is
 # resolved, not here: resolve_model imports this module for every command, most of which never touch the Hub.
 
@@ -28,13 +30,6 @@ PREFERENCE = (
     "Q6_K", "Q8_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ3_M", "IQ3_XS", "Q2_K", "BF16", "F16", "F32",
 )  # fmt: skip
 
-# A quant type as GGUF file names carry it: Q4_K_M, IQ2_XXS, Q8_0, TQ1_0, MXFP4, BF16, F16...
-_QUANT = re.compile(
-    r"(?<![A-Za-z0-9])(I?Q[1-8](?:_[A-Z0-9]{1,3})*|TQ[12]_0|MXFP4(?:_MOE)?|BF16|F16|F32)(?![A-Za-z0-9])",
-    re.IGNORECASE,
-)
-# The parts of a split GGUF (llama.cpp's gguf-split): name-00001-of-00003.gguf.
-_SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _REF = re.compile(
     rf"^(?:(?:https?://)?(?:huggingface\.co|hf\.co)/)?(?P<repo>{_NAME}/{_NAME})"
@@ -65,12 +60,6 @@ def parse_ref(value: str) -> HubRef | None:
     return HubRef(m["repo"], m["quant"], m["file"])
 
 
-def quant_of(filename: str) -> str | None:
-    """The quant type a GGUF's file name carries (the last one named), upper-case; None if none."""
-    found = _QUANT.findall(Path(filename).name)
-    return found[-1].upper() if found else None
-
-
 @dataclass(frozen=True, slots=True)
 class Choice:
     """One model in a repo: its file, or every part of a split one (first part first)."""
@@ -83,14 +72,13 @@ class Choice:
 
 
 def models_in(filenames: list[str]) -> list[Choice]:
-    """The repo's GGUF models: split parts grouped into one, `mmproj` projector files left out."""
+    """The repo's GGUF models (files.py's rule): split parts grouped into one, sidecars left out."""
     groups: dict[str, list[str]] = {}
     for name in sorted(filenames):
-        base = name.rsplit("/", 1)[-1]
-        if not base.lower().endswith(".gguf") or "mmproj" in base.lower():
+        if not is_model_file(name):
             continue
-        m = _SPLIT.match(name)
-        groups.setdefault(f"{m[1]} of {m[3]}" if m else name, []).append(name)
+        base, _, parts = split_of(name)
+        groups.setdefault(f"{base} of {parts}" if parts > 1 else name, []).append(name)
     return [Choice(tuple(files)) for files in groups.values()]
 
 
@@ -167,17 +155,8 @@ def cached_path(ref: HubRef) -> Path | None:
     return None
 
 
-def parts_of(first: Path) -> list[Path]:
-    """Every part of the GGUF whose first part (or only file) is FIRST, in order."""
-    m = _SPLIT.match(first.name)
-    if m is None:
-        return [first]
-    return [first.with_name(f"{m[1]}-{i:05d}-of-{m[3]}.gguf") for i in range(1, int(m[3]) + 1)]
-
-
 def _split_complete(choice: Choice) -> bool:
-    m = _SPLIT.match(choice.files[0])
-    return m is None or len(choice.files) == int(m[3])
+    return len(choice.files) == split_of(choice.files[0])[2]
 
 
 def pull(ref: HubRef) -> Path:

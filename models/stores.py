@@ -27,6 +27,7 @@ folder's layout is recognised from its contents. Set it empty to search no store
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -38,13 +39,10 @@ from typing import Protocol
 
 from edgeinfer.errors import ConfigError, ModelFileError
 
+from .files import is_first_part, is_model_file, quant_of, split_of
+
 GGUF_MAGIC = b"GGUF"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
-# Sidecar files that are not models to run on their own (vision projectors, importance matrices).
-_NOT_MODELS = ("mmproj", "imatrix")
-_SPLIT = re.compile(r"^(.+)-(\d{5})-of-(\d{5})$")
-# The quantization tag at the end of a file name, as llama.cpp reads it: "...-Q4_K_M", "....f16".
-_TAG = re.compile(r"[-.]([A-Za-z0-9_]+)$")
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 
 
@@ -65,7 +63,7 @@ class Found:
         """Whether `repo[:tag]` (lower case) names this file; tag "" is any tag (Ollama: checked by the caller)."""
         named = repo in self.repos or (self.flat and self.path.stem.lower().startswith(repo.replace("/", "_") + "_"))
         stem = self.path.stem.lower()
-        return named and (not tag or tag in (self.tag.lower(), stem, _split(stem)[0]))
+        return named and (not tag or tag in (self.tag.lower(), stem, split_of(stem)[0]))
 
 
 @dataclass(slots=True)
@@ -158,22 +156,9 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def _split(stem: str) -> tuple[str, int, int]:
-    """(name without the split suffix, part, parts) of a file stem; (stem, 1, 1) when not split."""
-    m = _SPLIT.match(stem)
-    return (m[1], int(m[2]), int(m[3])) if m else (stem, 1, 1)
-
-
 def quant_tag(file_name: str) -> str:
-    """Q4_K_M of "Qwen2.5-0.5B-Instruct-Q4_K_M-00001-of-00002.gguf"; "" when the name carries none."""
-    m = _TAG.search(_split(file_name.removesuffix(".gguf"))[0])
-    # Every quant name has a digit (Q4_K_M, IQ2_XS, F16, BF16, MXFP4); "-Instruct" is no quant.
-    return m[1].upper() if m and any(c.isdigit() for c in m[1]) else ""
-
-
-def _is_model_file(name: str) -> bool:
-    low = name.lower()
-    return low.endswith(".gguf") and not any(word in low for word in _NOT_MODELS)
+    """The quant a file's name carries (files.quant_of), "" when none: Found.tag."""
+    return quant_of(file_name) or ""
 
 
 def _problem(path: Path) -> str | None:
@@ -183,15 +168,15 @@ def _problem(path: Path) -> str | None:
 def _repo_files(source: str, repo: str, files: list[tuple[str, Path]]) -> list[Found]:
     """The GGUFs of one repo (Hub cache, llama.cpp, LM Studio): `repo:QUANT` when the quant is unique
     in the repo, else `repo:FILE`; a split GGUF is one entry, its first part, sized with all parts."""
-    models = [(rel, p) for rel, p in files if _is_model_file(rel)]
+    models = [(rel, p) for rel, p in files if is_model_file(rel)]
     parts: dict[str, list[Path]] = {}
     for rel, p in models:
-        parts.setdefault(_split(rel.removesuffix(".gguf"))[0], []).append(p)
-    firsts = [(rel, p) for rel, p in models if _split(rel.removesuffix(".gguf"))[1] == 1]
+        parts.setdefault(split_of(rel)[0], []).append(p)
+    firsts = [(rel, p) for rel, p in models if is_first_part(rel)]
     tags = [quant_tag(rel) for rel, _ in firsts]
     out = []
     for (rel, p), tag in zip(firsts, tags, strict=True):
-        base, _, count = _split(rel.removesuffix(".gguf"))
+        base, _, count = split_of(rel)
         label = tag if tag and tags.count(tag) == 1 else base
         group = parts[base]
         size = sum(_size(q) for q in group)
@@ -243,7 +228,7 @@ def scan_llama_cache(root: Path) -> list[Found]:
         repo = flat.replace("_", "/") if flat.count("_") == 1 else flat
         named.setdefault(f"{flat}_{rfilename}".replace("/", "_"), (repo, tag))
     for p in sorted(root.glob("*.gguf")):
-        if not p.is_file() or not _is_model_file(p.name):
+        if not p.is_file() or not is_model_file(p.name):
             continue
         repo, tag = named.get(p.name, ("", ""))
         name = (repo if tag == "latest" else f"{repo}:{tag}") if repo else p.stem
@@ -265,11 +250,10 @@ def scan_lmstudio(root: Path) -> list[Found]:
     for repo, files in by_repo.items():
         if repo:
             out += _repo_files("lmstudio", repo, files)
-        else:  # files at the top: each its own name
-            for file, p in files:
-                if _is_model_file(file):
-                    stem = file.removesuffix(".gguf")
-                    out.append(Found(stem, p, "lmstudio", _size(p), (stem.lower(),), quant_tag(file), _problem(p)))
+        else:  # models at the top: each its own name (a split one its name without the part suffix)
+            for f in _repo_files("lmstudio", "", files):
+                stem = split_of(f.path.name)[0]
+                out.append(dataclasses.replace(f, name=stem, repos=(stem.lower(),)))
     return out
 
 

@@ -19,7 +19,8 @@ import gguf
 import pytest
 
 from edgeinfer.errors import HubNotFoundError
-from edgeinfer.models.hub import HubRef, choose, parse_ref, quant_of
+from edgeinfer.models.files import quant_of
+from edgeinfer.models.hub import HubRef, choose, parse_ref
 
 from . import gate
 from .conftest import rewrite_gguf

@@ -296,3 +296,28 @@ def test_the_quant_a_file_name_carries():
     assert stores.quant_tag("SmolLM2-135M-Instruct.Q4_1.gguf") == "Q4_1"
     assert stores.quant_tag("ggml-model-bf16.gguf") == "BF16"
     assert stores.quant_tag("Llama-3.2-1B-Instruct.gguf") == ""  # no quant: the file's name is its name
+
+
+@pytest.mark.pure
+def test_one_rule_says_which_files_are_models_for_the_stores_the_hub_and_models_dir(tmp_path):
+    """models/files.py: a folder, a Hub repo and a store list the same models from the same files."""
+    from edgeinfer.models import files, hub
+    from edgeinfer.server.pool import dir_models
+
+    names = [
+        "Big-Q4_K_M-00001-of-00002.gguf",
+        "Big-Q4_K_M-00002-of-00002.gguf",
+        "small-7B.Q8_0.gguf",
+        "mmproj-small-f16.gguf",
+        "small.imatrix.gguf",
+        "notes.txt",
+    ]
+    for n in names:
+        (tmp_path / n).write_bytes(b"GGUF" + bytes(8))
+    want = ["Big-Q4_K_M-00001-of-00002.gguf", "small-7B.Q8_0.gguf"]
+    assert [p.name for p in dir_models(tmp_path)] == want
+    assert [c.files[0] for c in hub.models_in(names)] == want
+    found = stores.scan_lmstudio(tmp_path)
+    assert sorted(f.path.name for f in found) == want and sorted(f.tag for f in found) == ["Q4_K_M", "Q8_0"]
+    assert files.parts_of(tmp_path / want[0]) == [tmp_path / names[0], tmp_path / names[1]]
+    assert files.quant_of("model-7B.gguf") is None  # a size is no quant

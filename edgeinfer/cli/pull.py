@@ -8,7 +8,7 @@ import click
 
 from edgeinfer.cli.errors import errors_as_messages
 from edgeinfer.errors import ConfigError
-from edgeinfer.models import hub
+from edgeinfer.models import files, hub
 from edgeinfer.models.catalog import load_catalog
 
 
@@ -46,7 +46,7 @@ def pull(name: str) -> None:
         click.echo(f"edgeinfer: pull of {name} interrupted; nothing partial was kept; run it again", err=True)
         sys.exit(130)
     # Both checked every part as a GGUF already; the sizes come from the files.
-    parts = hub.parts_of(path)
+    parts = files.parts_of(path)
     size = sum(p.stat().st_size for p in parts) / 1e6
     how = "already in the cache" if cached else "pulled"
     click.echo(

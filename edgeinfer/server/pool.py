@@ -17,7 +17,6 @@ import ctypes
 import gc
 import logging
 import math
-import re
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from edgeinfer.errors import (
     ModelLoadingError,
     ModelNotFoundError,
 )
+from edgeinfer.models.files import is_first_part, is_model_file
 
 if TYPE_CHECKING:
     from edgeinfer.engine import Engine
@@ -478,21 +478,16 @@ class Serving:
 
 
 def dir_models(folder: Path) -> list[Path]:
-    """The GGUFs of a folder, by name: a split model by its first part; projectors (mmproj) left out."""
+    """The models of a folder (models/files.py's rule): a split model by its first part, sidecars left out."""
     if not folder.is_dir():
         raise ConfigError(f"--models-dir {folder}: no such folder")
     found = []
     for f in sorted(folder.glob("*.gguf")):
-        split = _SPLIT.search(f.name)
-        if "mmproj" in f.name.lower() or (split is not None and int(split.group(1)) != 1):
-            continue
-        found.append(f)
+        if is_model_file(f.name) and is_first_part(f.name):
+            found.append(f)
     if not found:
         raise ConfigError(f"--models-dir {folder} holds no .gguf file; put models there or name them with -m")
     return found
-
-
-_SPLIT = re.compile(r"-(\d{5})-of-\d{5}\.gguf$")
 
 
 def model_specs(config: EngineConfig, models: list[str], models_dir: Path | None) -> list[ModelSpec]:
