@@ -32,6 +32,7 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--allow-remote", is_flag=True, help="Listen on an address other than loopback (read the warning it prints)."
 )
+@errors_as_messages
 def worker(host: str, port: int, threads: int, allow_remote: bool) -> None:
     """Serve this machine's device to `edgeinfer serve/chat/generate/bench --rpc HOST:PORT` elsewhere.
 
@@ -39,10 +40,6 @@ def worker(host: str, port: int, threads: int, allow_remote: bool) -> None:
     RPC backend). One client at a time; Ctrl-C stops the worker. Listens on loopback unless
     --allow-remote: the protocol has no authentication or encryption.
     """
-    errors_as_messages(_run)(host, port, threads, allow_remote)
-
-
-def _run(host: str, port: int, threads: int, allow_remote: bool) -> None:
     if not is_loopback(host):
         if not allow_remote:
             raise ConfigError(f"--host {host} is not loopback; add --allow-remote. {SECURITY}")
