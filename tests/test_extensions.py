@@ -68,7 +68,7 @@ def test_a_new_tool_family_is_one_module_and_its_registration(monkeypatch):
     from edgeinfer.engine.template import ChatTemplate
     from edgeinfer.formats import select
     from edgeinfer.server.output import ChoiceOutput, TextDelta, ToolCall
-    from edgeinfer.server.run import chat_input
+    from edgeinfer.server.run import prepare
     from edgeinfer.server.schema import ChatRequest
 
     from .fakes import fake_facts
@@ -87,7 +87,7 @@ def test_a_new_tool_family_is_one_module_and_its_registration(monkeypatch):
         {"role": "tool", "tool_call_id": "c1", "content": "rain"},
     ]
     req = ChatRequest.model_validate({"model": "m", "messages": history, "tools": [WEATHER]})
-    prompt, params, shape = chat_input(engine, req)
+    prompt, params, shape = prepare(engine, req.to_input())
     assert isinstance(shape.calls, Toy)  # the template picked the family
     text = "".join(map(chr, prompt))
     assert text.startswith("[[tools]] get_weather\n") and '[[call]]{"name": "get_weather"' in text

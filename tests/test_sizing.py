@@ -88,9 +88,9 @@ def test_a_gguf_that_recommends_sampling_sets_the_defaults_of_what_a_request_lea
     recommended = model_sampling(meta)
     msgs = [{"role": "user", "content": "hi"}]
     left_out = ChatRequest.model_validate({"model": "m", "messages": msgs, "temperature": None})
-    params = model_defaults(left_out.to_sampling(), left_out, recommended)
+    params = model_defaults(left_out.to_sampling(), left_out.model_fields_set, recommended)
     assert (params.temperature, params.top_k, params.top_p) == (0.0, 20, SamplingParams().top_p)
     named = ChatRequest.model_validate({"model": "m", "messages": msgs, "temperature": 0.7})
-    params = model_defaults(named.to_sampling(), named, recommended)
+    params = model_defaults(named.to_sampling(), named.model_fields_set, recommended)
     assert (params.temperature, params.top_k) == (0.7, 20)
     assert model_sampling({}) == {}

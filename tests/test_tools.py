@@ -321,7 +321,7 @@ def test_a_streamed_call_is_given_out_once_complete():
 @pytest.mark.pure
 def test_tool_schemas_keep_their_references_under_defs():
     req = ChatRequest(model="m", messages=ask("hi"), tools=[WEATHER, CLOCK], tool_choice="required")
-    schema = call_schema(T.specs(req.tools))
+    schema = call_schema(T.specs(req.to_input()))
     zone = schema["$defs"]["tool1"]["properties"]["zone"]
     assert zone == {"$ref": "#/$defs/tool1/$defs/zone"}
     call = {"name": "get_time", "arguments": {"zone": "UTC"}}
@@ -355,7 +355,7 @@ HISTORY = [
 
 
 class TemplateEngine:
-    """Just what run.chat_input uses of an engine: a template, the prompt render, the grammar check."""
+    """Just what run.prepare uses of an engine: a template, the prompt render, the grammar check."""
 
     def __init__(self, source):
         from edgeinfer.engine.template import ChatTemplate
@@ -382,11 +382,11 @@ class TemplateEngine:
 @pytest.mark.pure
 @pytest.mark.parametrize("choice", ["auto", "none"])
 def test_tool_history_reaches_a_tool_template_whole(choice):
-    from edgeinfer.server.run import chat_input
+    from edgeinfer.server.run import prepare
 
     engine = TemplateEngine(TOOL_TEMPLATE)
     assert engine.template.renders_tools
-    chat_input(engine, ChatRequest(model="m", messages=HISTORY, tools=[WEATHER], tool_choice=choice))
+    prepare(engine, ChatRequest(model="m", messages=HISTORY, tools=[WEATHER], tool_choice=choice).to_input())
     assert "<call call_7 function get_weather city=Rome>" in engine.rendered
     assert '[tool]{"celsius": 24}<result call_7 get_weather>' in engine.rendered
     assert ("<tool get_weather>" in engine.rendered) == (choice == "auto")  # tools offered unless "none"
@@ -395,11 +395,11 @@ def test_tool_history_reaches_a_tool_template_whole(choice):
 
 @pytest.mark.pure
 def test_a_template_without_tools_gets_the_history_in_the_wire_format():
-    from edgeinfer.server.run import chat_input
+    from edgeinfer.server.run import prepare
 
     engine = TemplateEngine("{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}")
     assert not engine.template.renders_tools
-    chat_input(engine, ChatRequest(model="m", messages=HISTORY, tools=[WEATHER]))
+    prepare(engine, ChatRequest(model="m", messages=HISTORY, tools=[WEATHER]).to_input())
     assert '[assistant]<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in (
         engine.rendered
     )
@@ -413,7 +413,7 @@ def test_a_call_id_copied_from_the_history_is_replaced():
 
     fmt = Mistral()
     req = ChatRequest(model="m", messages=HISTORY, tools=[WEATHER])
-    T.chat_messages(req, fmt, native=True)
+    T.chat_messages(req.to_input(), fmt, native=True)
     copied = fmt.history_id("call_7")  # the id the template showed the model for the call in the history
     assert fmt.call_id(Call("get_weather", "{}", copied)) != copied
     assert fmt.call_id(Call("get_weather", "{}", "a1B2c3D4e")) == "a1B2c3D4e"

@@ -165,13 +165,13 @@ def test_apply_template_includes_the_tools(http, oai, gguf_file):
     body = {"messages": CHAT, "tools": [WEATHER_TOOL]}
     prompt = post(http, "/apply-template", body)["prompt"]
     # SmolLM2's template writes no tools: edgeinfer describes them in the system message.
-    system = f"{CHAT[0]['content']}\n\n{T.described(ChatRequest(model=MODEL, **body), Generic())}"
+    system = f"{CHAT[0]['content']}\n\n{T.described(ChatRequest(model=MODEL, **body).to_input(), Generic())}"
     expected = render_independently(gguf_file["template"], [{"role": "system", "content": system}, *CHAT[1:]])
     assert prompt == expected and "get_weather" in prompt
     r = oai.chat.completions.create(model=MODEL, max_tokens=1, temperature=0, **body)
     assert len(post(http, "/tokenize", {"content": prompt, "add_special": True})["tokens"]) == r.usage.prompt_tokens
     assert post(http, "/apply-template", {**body, "tool_choice": "none"})["prompt"] == prompt.replace(
-        f"\n\n{T.described(ChatRequest(model=MODEL, **body), Generic())}", ""
+        f"\n\n{T.described(ChatRequest(model=MODEL, **body).to_input(), Generic())}", ""
     )
 
 

@@ -14,10 +14,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgeinfer.options import SamplingParams
+from edgeinfer.request import ChatInput, Turn
 from edgeinfer.server.api import Api
 from edgeinfer.server.output import Done, Event, TextDelta
 from edgeinfer.server.run import run_chat
-from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import authorized, server_state
 
 
@@ -65,7 +66,8 @@ router = APIRouter(dependencies=[Depends(authorized)])
 
 @router.post("/v1/toy")
 async def toy(request: Request, body: ToyBody) -> Any:
-    req = ChatRequest(model=body.model, messages=[{"role": "user", "content": body.say}], max_tokens=body.max_tokens)
+    # The translation into the internal request: no other API's body is built on the way.
+    req = ChatInput(body.model, [Turn("user", body.say)], SamplingParams(max_tokens=body.max_tokens))
     return await run_chat(request, server_state(request), req, ToyDialect, body.stream)
 
 

@@ -269,13 +269,13 @@ def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]]
 def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_tokens: int) -> Any:
     from edgeinfer.events import Chunk, Finish
     from edgeinfer.server.output import ToolCall, whole
-    from edgeinfer.server.run import chat_input
+    from edgeinfer.server.run import prepare
     from edgeinfer.server.schema import ChatRequest
 
     req = ChatRequest(
         model="x", messages=msgs, tools=tools, tool_choice="required", temperature=0, max_tokens=max_tokens
     )
-    prompt, params, shape = chat_input(engine, req)  # the prompt, grammar and format the server would use
+    prompt, params, shape = prepare(engine, req.to_input())  # the prompt, grammar and format the server would use
     *chunks, finish = engine.submit(prompt, params)[0].collect()
     assert isinstance(finish, Finish)
     events = whole([c for c in chunks if isinstance(c, Chunk)], finish, shape)

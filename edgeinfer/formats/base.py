@@ -97,6 +97,10 @@ class ToolFormat:
         """The text the model writes for these calls."""
         raise NotImplementedError
 
+    def write_result(self, text: str) -> str:
+        """A tool's result as the model reads it where the template knows no tool role (a user turn's text)."""
+        return f"<tool_response>\n{text}\n</tool_response>"
+
     # --- the grammar -----------------------------------------------------------
 
     def grammar(self, tools: list[ToolSpec], required: bool, parallel: bool, answer: str) -> str:

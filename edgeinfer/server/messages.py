@@ -43,7 +43,7 @@ from edgeinfer.server.messages_schema import (
 )
 from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from edgeinfer.server.pool import loaded
-from edgeinfer.server.run import chat_input, run_chat
+from edgeinfer.server.run import prepare, run_chat
 from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import authorized, server_state
 
@@ -381,7 +381,7 @@ async def create_message(request: Request, body: MessagesRequest) -> Any:
     state = server_state(request)
     state.ignored.note("messages", ignored_in(body))
     req = to_chat(body)
-    return await run_chat(request, state, req, lambda model, n: MessagesDialect(model, n), body.stream)
+    return await run_chat(request, state, req.to_input(), lambda model, n: MessagesDialect(model, n), body.stream)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -390,7 +390,7 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     state = server_state(request)
     req = to_chat(body)
     async with state.lease(req.model) as slot:
-        prompt, _, _ = await asyncio.to_thread(chat_input, loaded(slot), req)
+        prompt, _, _ = await asyncio.to_thread(prepare, loaded(slot), req.to_input())
     return {"input_tokens": len(prompt)}
 
 

@@ -27,7 +27,9 @@ async def chat_completions(request: Request, req: ChatRequest) -> Any:
     state = server_state(request)
     state.ignored.note("chat.completions", ignored_fields(req))
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await run_chat(request, state, req, lambda model, _: ChatDialect(model, req.logprobs, usage), req.stream)
+    return await run_chat(
+        request, state, req.to_input(), lambda model, _: ChatDialect(model, req.logprobs, usage), req.stream
+    )
 
 
 @router.post("/v1/completions")
@@ -40,9 +42,8 @@ async def completions(request: Request, req: CompletionRequest) -> Any:
         prompt = req.prompt_input()
         if isinstance(prompt, str) and prompt:
             prompt = await asyncio.to_thread(engine.tokenize, prompt)
-        handles = await submit(
-            engine, prompt, model_defaults(req.to_sampling(), req, engine.facts.sampling_defaults), req.n
-        )
+        params = model_defaults(req.to_sampling(), req.model_fields_set, engine.facts.sampling_defaults)
+        handles = await submit(engine, prompt, params, req.n)
         usage = bool(req.stream_options and req.stream_options.include_usage)
         dialect = CompletionDialect(slot.name, req.logprobs is not None, usage)
         return await respond(request, state, handles, dialect, req.stream, PLAIN)

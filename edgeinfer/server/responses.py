@@ -203,7 +203,7 @@ async def create_response(request: Request, req: ResponsesRequest) -> Any:
         return ResponsesDialect(model, shown, keep, tools.origin)
 
     try:
-        return await run_chat(request, state, chat, dialect, req.stream)
+        return await run_chat(request, state, chat.to_input(), dialect, req.stream)
     except ContextLengthError as e:  # its words and code are what clients act on: only the field is renamed
         e.param = OUR_NAMES["prompt"]
         raise

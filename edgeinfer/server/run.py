@@ -1,8 +1,8 @@
-"""One internal request for every chat-shaped API: a ChatRequest checked, rendered, submitted and answered.
+"""One internal request for every chat-shaped API: a ChatInput rendered, submitted and answered.
 
-Chat completions, Responses and Messages each translate their body into a ChatRequest and
-call run_chat with a factory for their Dialect; so grammar, tools, speculation and the
-prefix cache are the same whichever API asked.
+Chat completions, Responses and Messages each translate their body into a ChatInput
+(edgeinfer.request) and call run_chat with a factory for their Dialect; so grammar, tools,
+speculation and the prefix cache are the same whichever API asked. Nothing here reads a wire schema.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import Request
@@ -19,70 +19,64 @@ from edgeinfer.engine import Engine
 from edgeinfer.formats import reasoning
 from edgeinfer.formats.base import ToolFormat
 from edgeinfer.formats.select import format_class
-from edgeinfer.options import Grammar, SamplingFields, SamplingParams
+from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.request import ChatInput
 from edgeinfer.server import tools
 from edgeinfer.server.output import AnswerShape
-from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import Dialect, respond, submit
 
 DialectFactory = Callable[[str, int], Dialect]  # called with the model's id and the rendered prompt's length in tokens
 
 
-def tool_format(engine: Engine, req: ChatRequest) -> tuple[ToolFormat, bool]:
+def tool_format(engine: Engine, req: ChatInput) -> tuple[ToolFormat, bool]:
     """The family's format for req's tools (from the model's template, or --tool-format), and whether the
     template writes tools and the call history itself (native) rather than having them described."""
     facts = engine.facts
     template = facts.template
     cls = format_class(template.source, template.renders_tools, facts.tool_format)
-    fmt = cls(tools.specs(req.tools))
+    fmt = cls(tools.specs(req))
     fmt.token_of = facts.special_token  # its grammar names the tags this vocabulary holds as special tokens
     return fmt, cls.native and template.renders_tools
 
 
 def template_input(
-    engine: Engine, req: ChatRequest, fmt: ToolFormat, native: bool
+    engine: Engine, req: ChatInput, fmt: ToolFormat, native: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages, and the tools where the template writes them, that req gives the model's template."""
     # A template that renders tools takes the tools, and the tool history whole (even with tool_choice "none").
-    native = native and (tools.uses_tools(req) or tools.has_tool_history(req))
+    native = native and (req.uses_tools or req.has_tool_history)
     messages = tools.chat_messages(req, fmt, native)
-    offered = [t.model_dump(exclude_none=True) for t in req.tools or []] if native and tools.uses_tools(req) else None
+    offered = [t.as_template_takes_it() for t in req.tools] if native and req.uses_tools else None
     return messages, offered
 
 
-def chat_text(engine: Engine, req: ChatRequest) -> str:
-    """The prompt text req renders to (POST /apply-template shows it): what chat_input tokenizes."""
+def chat_text(engine: Engine, req: ChatInput) -> str:
+    """The prompt text req renders to (POST /apply-template shows it): what prepare tokenizes."""
     messages, offered = template_input(engine, req, *tool_format(engine, req))
     return engine.facts.template.render(messages, add_generation_prompt=True, tools=offered)
 
 
-def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingParams, AnswerShape]:
+def prepare(engine: Engine, req: ChatInput) -> tuple[list[int], SamplingParams, AnswerShape]:
     """The prompt (messages, and tools where the template writes them), the sampling, grammar included,
     and how to read the answer (its thinking, its calls)."""
     fmt, native = tool_format(engine, req)
     text = engine.chat_text(*template_input(engine, req, fmt, native))
     prompt = engine.chat_tokens(text)
-    fmt_grammar = req.response_format.grammar() if req.response_format is not None else None
-    grammar = tools.tools_grammar(req, fmt) or fmt_grammar
-    if tools.uses_tools(req):
-        assert req.tools is not None
-        if fmt_grammar is not None:
-            engine.grammars.compile(fmt_grammar)
-        for i, t in enumerate(req.tools):  # each schema on its own, so that an error names its tool
-            if t.function.parameters is not None:
-                engine.grammars.compile(
-                    Grammar(
-                        kind="json_schema",
-                        source=json.dumps(t.function.parameters),
-                        origin=f"tools[{i}].function.parameters",
-                    )
-                )
+    grammar = tools.tools_grammar(req, fmt) or req.answer_format or req.grammar
+    if req.uses_tools:
+        if req.answer_format is not None:
+            engine.grammars.compile(req.answer_format)
+        for t in req.tools:  # each schema on its own, so that an error names its tool
+            if t.parameters is not None:
+                engine.grammars.compile(Grammar(kind="json_schema", source=json.dumps(t.parameters), origin=t.origin))
     facts = engine.facts
     budget = reasoning.budget_of(req.reasoning_budget, facts.reasoning_budget)
     thinks = reasoning.plan(facts.template.source, text, grammar, budget, facts.reasoning_format)
-    shape = AnswerShape(calls=fmt if tools.uses_tools(req) else None, thinking=thinks.shown, started=thinks.started)
-    params = model_defaults(req.to_sampling(thinks.grammar), req, facts.sampling_defaults)
+    shape = AnswerShape(calls=fmt if req.uses_tools else None, thinking=thinks.shown, started=thinks.started)
+    params = model_defaults(
+        req.sampling.model_copy(update={"grammar": thinks.grammar}), req.named, facts.sampling_defaults
+    )
     if facts.template.stops:  # a fallback layout's end marker, written as text
         params = params.model_copy(update={"stop": [*params.stop, *facts.template.stops]})
     limit = facts.turn_limit
@@ -94,7 +88,7 @@ def chat_input(engine: Engine, req: ChatRequest) -> tuple[list[int], SamplingPar
 
 
 async def run_chat(
-    request: Request, state: ServerState, req: ChatRequest, dialect_factory: DialectFactory, stream: bool
+    request: Request, state: ServerState, req: ChatInput, dialect_factory: DialectFactory, stream: bool
 ) -> Any:
     """Find the model (loading it if need be), render and tokenize the prompt (off the event loop), submit
     req.n streams, and answer in the factory's dialect. Bad input raises an EdgeInferError (a 4xx) before
@@ -103,13 +97,14 @@ async def run_chat(
         engine = slot.engine
         assert engine is not None  # a leased slot stays loaded
         # Templating and tokenizing take time in proportion to the prompt: off the event loop.
-        prompt, params, shape = await asyncio.to_thread(chat_input, engine, req)
+        prompt, params, shape = await asyncio.to_thread(prepare, engine, req)
         handles = await submit(engine, prompt, params, req.n)
         return await respond(request, state, handles, dialect_factory(slot.name, len(prompt)), stream, shape)
 
 
-def model_defaults(params: SamplingParams, req: SamplingFields, recommended: dict[str, Any]) -> SamplingParams:
+def model_defaults(params: SamplingParams, named: Iterable[str], recommended: dict[str, Any]) -> SamplingParams:
     """params with the model's recommended sampling (its GGUF's general.sampling.*) for the fields the request
-    left out."""
-    unset = {k: v for k, v in recommended.items() if k not in req.model_fields_set}
+    left out (named: the ones it set)."""
+    named = set(named)
+    unset = {k: v for k, v in recommended.items() if k not in named}
     return params.model_copy(update=unset) if unset else params

@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from edgeinfer import request as internal
 from edgeinfer.formats.reasoning import EFFORT_BUDGET
 from edgeinfer.options import (
     MAX_GRAMMAR_CHARS,
@@ -320,6 +321,48 @@ class ChatRequest(_Sampling):
         if self.logprobs:
             top = self.top_logprobs or 0
         return self.sampling(self.max_completion_tokens or self.max_tokens, top, grammar)
+
+    def to_input(self) -> internal.ChatInput:
+        """The internal request (edgeinfer.request): what run.run_chat runs, in no API's shape."""
+        turns = [
+            internal.Turn(
+                "system" if m.role == "developer" else m.role,
+                m.text(),
+                tuple(
+                    internal.PastCall(c.id, c.function.name, json.loads(c.function.arguments))
+                    for c in m.tool_calls or ()
+                ),
+                m.tool_call_id,
+                m.name,
+            )
+            for m in self.messages
+        ]
+        tools = [
+            internal.Tool(
+                t.function.name, t.function.description, t.function.parameters, f"tools[{i}].function.parameters"
+            )
+            for i, t in enumerate(self.tools or [])
+        ]
+        choice: Literal["auto", "none", "required"] = "auto"
+        forced = None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            choice, forced = "required", self.tool_choice.function.name
+        elif self.tool_choice is not None:
+            choice = self.tool_choice
+        return internal.ChatInput(
+            model=self.model,
+            turns=turns,
+            sampling=self.to_sampling().model_copy(update={"grammar": None}),
+            named=frozenset(self.model_fields_set),
+            tools=tools,
+            tool_choice=choice,
+            forced=forced,
+            parallel_calls=bool(self.parallel_tool_calls) and forced is None,
+            answer_format=self.response_format.grammar() if self.response_format is not None else None,
+            grammar=Grammar(kind="lark", source=self.grammar) if self.grammar is not None else None,
+            reasoning_budget=self.reasoning_budget,
+            n=self.n,
+        )
 
 
 class CompletionRequest(_Sampling):

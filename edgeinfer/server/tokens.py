@@ -93,7 +93,7 @@ def _check_ids(ids: list[int], n_vocab: int, param: str) -> None:
 async def apply_template(request: Request, req: ApplyTemplateRequest) -> dict[str, str]:
     """The prompt text the same body sent to /v1/chat/completions renders to, tools included."""
     async with server_state(request).lease(req.model) as slot:
-        return {"prompt": await asyncio.to_thread(chat_text, loaded(slot), req)}
+        return {"prompt": await asyncio.to_thread(chat_text, loaded(slot), req.to_input())}
 
 
 API = Api("tokens", router)  # llama-server's /tokenize, /detokenize, /apply-template; errors in OpenAI's shape
