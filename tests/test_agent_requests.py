@@ -12,7 +12,7 @@ import pytest
 
 from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.messages import ignored_in
-from edgeinfer.server.messages import to_chat as messages_to_chat
+from edgeinfer.server.messages import to_input as messages_to_input
 from edgeinfer.server.messages_schema import MessagesRequest
 from edgeinfer.server.responses import to_chat as responses_to_chat
 from edgeinfer.server.responses_schema import ResponsesRequest, parse_items, parse_tools
@@ -61,17 +61,17 @@ def test_codex_requests_are_taken(path):
 def test_claude_code_requests_are_taken(path):
     raw = body(path)
     req = MessagesRequest.model_validate(raw)
-    chat = messages_to_chat(req)
-    system = chat.messages[0]
-    assert system.role == "system" and "x-anthropic-billing-header" not in system.content
+    chat = messages_to_input(req)
+    system = chat.turns[0]
+    assert system.role == "system" and "x-anthropic-billing-header" not in system.text
     assert "system.x-anthropic-billing-header" in ignored_in(req)
     # A system message among the messages stays where it was sent, between the turns around it.
     inner = [i for i, m in enumerate(raw["messages"]) if m["role"] == "system"]
     if inner:
-        roles = [m.role for m in chat.messages]
+        roles = [t.role for t in chat.turns]
         assert roles.count("system") == 1 + len(inner) and roles[1] == "user"
     # Deferred tools are left out until the client loads them; the others are offered.
-    offered = {t.function.name for t in chat.tools or []}
+    offered = {t.name for t in chat.tools}
     assert offered == {t["name"] for t in raw["tools"] if not t.get("defer_loading")}
     ignored = {field.split(".")[0] for field in ignored_in(req)}
     for field in ("context_management", "output_config", "metadata"):
@@ -91,8 +91,8 @@ def test_a_system_message_among_the_messages_is_taken_in_place():
             ],
         }
     )
-    chat = messages_to_chat(req)
-    assert [(m.role, m.content) for m in chat.messages] == [
+    chat = messages_to_input(req)
+    assert [(t.role, t.text) for t in chat.turns] == [
         ("system", "Be brief."),
         ("user", "hi"),
         ("system", "The user is in Oslo."),

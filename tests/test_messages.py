@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 from edgeinfer.client import anthropic_client, async_anthropic_client
 from edgeinfer.errors import RequestError
 from edgeinfer.events import Finish, StreamStats
-from edgeinfer.server.messages import MessagesDialect, to_chat
+from edgeinfer.server.messages import MessagesDialect, to_input
 from edgeinfer.server.messages_schema import CountTokensRequest, MessagesRequest, ToolResultBlock
 from edgeinfer.server.output import Done, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 
@@ -43,7 +43,7 @@ def body(**kw):
 
 @pytest.mark.pure
 def test_a_conversation_with_tools_becomes_the_internal_chat_request():
-    req = to_chat(
+    req = to_input(
         body(
             system=[
                 {"type": "text", "text": "Be brief."},
@@ -78,21 +78,18 @@ def test_a_conversation_with_tools_becomes_the_internal_chat_request():
             top_k=5,
         )
     )
-    roles = [m.role for m in req.messages]
+    roles = [t.role for t in req.turns]
     assert roles == ["system", "user", "assistant", "tool", "user"]
-    assert req.messages[0].content == "Be brief.\n\nUse tools."
-    assistant = req.messages[2]
-    assert assistant.content == "Checking."  # the thinking is not replayed
-    assert assistant.tool_calls[0].id == "toolu_1"
-    assert json.loads(assistant.tool_calls[0].function.arguments) == {"city": "Paris"}
-    assert (req.messages[3].tool_call_id, req.messages[3].name, req.messages[3].content) == (
-        "toolu_1",
-        "get_weather",
-        "sunny",
-    )
-    assert req.tools[0].function.parameters == WEATHER["input_schema"]
-    assert req.tool_choice.function.name == "get_weather" and req.parallel_tool_calls is False
-    assert (req.stop, req.temperature, req.top_k, req.max_tokens) == (["END"], 0.5, 5, 16)
+    assert req.turns[0].text == "Be brief.\n\nUse tools."
+    assistant = req.turns[2]
+    assert assistant.text == "Checking."  # the thinking is not replayed
+    assert assistant.calls[0].id == "toolu_1" and assistant.calls[0].arguments == {"city": "Paris"}
+    assert (req.turns[3].call_id, req.turns[3].name, req.turns[3].text) == ("toolu_1", "get_weather", "sunny")
+    assert req.tools[0].parameters == WEATHER["input_schema"] and req.tools[0].origin == "tools.0.input_schema"
+    assert (req.tool_choice, req.forced, req.parallel_calls) == ("required", "get_weather", False)
+    s = req.sampling
+    assert (s.stop, s.temperature, s.top_k, s.max_tokens) == (["END"], 0.5, 5, 16)
+    assert req.named == {"temperature", "top_k"}  # the model's recommended top_p may fill the rest
 
 
 @pytest.mark.pure
@@ -100,27 +97,27 @@ def test_a_conversation_with_tools_becomes_the_internal_chat_request():
     ("choice", "want"), [({"type": "any"}, "required"), ({"type": "auto"}, "auto"), ({"type": "none"}, "none")]
 )
 def test_tool_choice_maps_onto_chat(choice, want):
-    req = to_chat(body(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER], tool_choice=choice))
-    assert req.tool_choice == want and req.parallel_tool_calls is True  # Anthropic's default
+    req = to_input(body(messages=[{"role": "user", "content": "hi"}], tools=[WEATHER], tool_choice=choice))
+    assert req.tool_choice == want and req.parallel_calls is True  # Anthropic's default
 
 
 @pytest.mark.pure
-def test_output_config_format_is_chats_json_schema_response_format():
+def test_output_config_format_is_the_answers_format_and_its_errors_name_it():
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
-    req = to_chat(
+    req = to_input(
         body(
             messages=[{"role": "user", "content": "hi"}],
             output_config={"format": {"type": "json_schema", "schema": schema}},
         )
     )
-    assert req.response_format.type == "json_schema" and req.response_format.json_schema.schema_ == schema
+    assert json.loads(req.answer_format.source) == schema and req.answer_format.origin == "output_config.format.schema"
 
 
 @pytest.mark.pure
 def test_a_tool_result_without_its_tool_use_is_refused():
     result = {"type": "tool_result", "tool_use_id": "toolu_x", "content": "42", "is_error": True}
     with pytest.raises(RequestError, match="toolu_x"):
-        to_chat(
+        to_input(
             CountTokensRequest.model_validate({"model": MODEL, "messages": [{"role": "user", "content": [result]}]})
         )
 

@@ -396,14 +396,14 @@ def test_messages_stream_a_thinking_block_with_its_signature():
 
 @pytest.mark.pure
 def test_each_api_asks_for_a_budget_in_its_own_words():
-    from edgeinfer.server.messages import to_chat as messages_to_chat
+    from edgeinfer.server.messages import to_input as messages_to_input
     from edgeinfer.server.messages_schema import MessagesRequest
     from edgeinfer.server.responses import to_chat as responses_to_chat
     from edgeinfer.server.responses_schema import ResponsesRequest, parse_items, parse_tools
 
     def anthropic(thinking):
         body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "thinking": thinking}
-        return messages_to_chat(MessagesRequest.model_validate(body)).reasoning_budget
+        return messages_to_input(MessagesRequest.model_validate(body)).reasoning_budget
 
     assert anthropic({"type": "enabled", "budget_tokens": 40}) == 40
     assert anthropic({"type": "disabled"}) == 0

@@ -1,8 +1,9 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
-A request is translated at the door into the one internal request (schema.ChatRequest: a system
-message, assistant turns whose tool_use blocks become tool_calls with their ids, tool_result blocks
-become tool messages with their tool_call_id) and runs through the same path as chat completions
+A request is translated at the door into the one internal request (edgeinfer.request.ChatInput: a
+system turn, assistant turns whose tool_use blocks become past calls with their ids, tool_result
+blocks become tool turns with the id they answer; errors name Anthropic's fields) and runs through
+the same path as chat completions
 (run.run_chat: template, grammar, packed decode, prefix cache). What comes back is the neutral
 event stream of server/output.py, rendered here as Anthropic's message or its SSE events; nothing
 here reads the model's text for tool calls.
@@ -25,10 +26,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from pydantic_core import from_json
 
 from edgeinfer.errors import RequestError
+from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.request import ChatInput, PastCall, Tool, Turn
 from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.messages_schema import (
@@ -44,7 +46,6 @@ from edgeinfer.server.messages_schema import (
 from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from edgeinfer.server.pool import loaded
 from edgeinfer.server.run import prepare, run_chat
-from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import authorized, server_state
 
 # --- errors ---------------------------------------------------------------------
@@ -99,55 +100,59 @@ def ignored_in(body: MessagesBody) -> list[str]:
     return found
 
 
-def to_chat(body: MessagesBody) -> ChatRequest:
+def to_input(body: MessagesBody) -> ChatInput:
     """The internal request a Messages body stands for (max_tokens and sampling only from a MessagesRequest)."""
-    messages: list[dict[str, Any]] = []
+    turns: list[Turn] = []
     system = system_text(body.system)
     if system:
-        messages.append({"role": "system", "content": system})
+        turns.append(Turn("system", system))
     calls: dict[str, str] = {}  # the tool_use ids made so far, to their tool's name: a tool_result answers one
     for i, m in enumerate(body.messages):
-        messages.extend(_turn(i, m, calls))
-    values: dict[str, Any] = {"model": body.model, "messages": messages}
-    offered = [t for t in body.tools or [] if not t.defer_loading]  # a deferred tool is not shown until loaded
-    if offered:
-        values["tools"] = [
-            {
-                "type": "function",
-                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
-            }
-            for t in offered
-        ]
-        choice = body.tool_choice
-        if choice is not None and choice.type == "tool":
-            values["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-        elif choice is not None:
-            values["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
-        # Anthropic's default is parallel calls; disable_parallel_tool_use holds the answer to one.
-        values["parallel_tool_calls"] = not (choice is not None and choice.disable_parallel_tool_use)
-    if body.thinking is not None:
-        values["reasoning_budget"] = thinking_budget(body.thinking)
+        turns.extend(_turn(i, m, calls))
+    # A deferred tool is not shown to the model until the client loads it.
+    tools = [
+        Tool(t.name, t.description, t.input_schema, f"tools.{i}.input_schema")
+        for i, t in enumerate(body.tools or [])
+        if not t.defer_loading
+    ]
+    choice, forced = body.tool_choice, None
+    if choice is not None and choice.type == "tool":
+        forced = choice.name
+        if forced not in [t.name for t in tools]:  # named, but deferred
+            raise RequestError(
+                f"tool_choice names {forced!r}, a tool with defer_loading: load it before forcing it",
+                "tool_choice.name",
+            )
+    if choice is not None and choice.type == "any" and not tools:
+        raise RequestError('tool_choice {"type": "any"} needs a tool without defer_loading', "tool_choice")
+    answer_format = None
     if body.output_config is not None and body.output_config.format is not None:
-        schema = body.output_config.format.schema_
-        values["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+        source = json.dumps(body.output_config.format.schema_)
+        answer_format = Grammar(kind="json_schema", source=source, origin="output_config.format.schema")
+    sampling, named = SamplingParams(), frozenset[str]()
     if isinstance(body, MessagesRequest):
-        values["max_tokens"] = body.max_tokens
-        values["stream"] = body.stream
-        values["ignore_eos"] = body.ignore_eos
-        if body.stop_sequences:
-            values["stop"] = body.stop_sequences
-        # Unset sampling fields keep edgeinfer's defaults, as they do for chat completions.
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(body, name) is not None:
-                values[name] = getattr(body, name)
-    try:
-        return ChatRequest.model_validate(values)
-    except ValidationError as e:  # a bound of the internal request that Anthropic's shape does not show
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        raise RequestError(
-            f"the conversation, translated, breaks a limit of the chat request: {where}: {err.get('msg')}"
-        ) from None
+        # Unset sampling fields keep edgeinfer's defaults (and the model's recommended ones), as in chat completions.
+        chosen = {k: getattr(body, k) for k in ("temperature", "top_p", "top_k") if getattr(body, k) is not None}
+        stop = list(body.stop_sequences or [])
+        sampling = SamplingParams(max_tokens=body.max_tokens, stop=stop, ignore_eos=body.ignore_eos, **chosen)
+        named = frozenset(chosen)
+    return ChatInput(
+        model=body.model,
+        turns=turns,
+        sampling=sampling,
+        named=named,
+        tools=tools,
+        tool_choice="none"
+        if choice is not None and choice.type == "none"
+        else "required"
+        if choice is not None and choice.type in ("any", "tool")
+        else "auto",
+        forced=forced,
+        # Anthropic's default is parallel calls; disable_parallel_tool_use holds the answer to one.
+        parallel_calls=bool(tools) and forced is None and not (choice is not None and choice.disable_parallel_tool_use),
+        answer_format=answer_format,
+        reasoning_budget=thinking_budget(body.thinking) if body.thinking is not None else None,
+    )
 
 
 def thinking_budget(thinking: ThinkingConfig) -> int | None:
@@ -160,27 +165,19 @@ def thinking_budget(thinking: ThinkingConfig) -> int | None:
     return None
 
 
-def _turn(i: int, m: MessageParam, calls: dict[str, str]) -> list[dict[str, Any]]:
-    """One Messages turn as chat messages: an assistant turn is one message (text and tool_calls);
-    a user turn is its tool results, each a tool message, and its text, in the order sent."""
+def _turn(i: int, m: MessageParam, calls: dict[str, str]) -> list[Turn]:
+    """One Messages turn as the internal request's turns: an assistant turn is one (text and calls); a user turn
+    is its tool results, each a tool turn, and its text, in the order sent."""
     if isinstance(m.content, str):
-        return [{"role": m.role, "content": m.content}]
+        return [Turn(m.role, m.content)]
+    texts = [b.text for b in m.content if isinstance(b, TextBlock)]
     if m.role == "system":  # Claude Code's notes in the middle of the conversation, kept where they are
-        return [{"role": "system", "content": SEPARATOR.join(b.text for b in m.content if isinstance(b, TextBlock))}]
+        return [Turn("system", SEPARATOR.join(texts))]
     if m.role == "assistant":
         uses = [b for b in m.content if isinstance(b, ToolUseBlock)]
         calls.update((b.id, b.name) for b in uses)
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": SEPARATOR.join(b.text for b in m.content if isinstance(b, TextBlock)),
-        }
-        if uses:
-            message["tool_calls"] = [
-                {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
-                for b in uses
-            ]
-        return [message]
-    out: list[dict[str, Any]] = []
+        return [Turn("assistant", SEPARATOR.join(texts), tuple(PastCall(b.id, b.name, b.input) for b in uses))]
+    out: list[Turn] = []
     text: list[str] = []
     for j, b in enumerate(m.content):
         if isinstance(b, ToolResultBlock):
@@ -191,15 +188,13 @@ def _turn(i: int, m: MessageParam, calls: dict[str, str]) -> list[dict[str, Any]
                     f"messages.{i}.content.{j}.tool_use_id",
                 )
             if text:
-                out.append({"role": "user", "content": SEPARATOR.join(text)})
+                out.append(Turn("user", SEPARATOR.join(text)))
                 text = []
-            out.append(
-                {"role": "tool", "tool_call_id": b.tool_use_id, "name": calls[b.tool_use_id], "content": b.text()}
-            )
+            out.append(Turn("tool", b.text(), call_id=b.tool_use_id, name=calls[b.tool_use_id]))
         elif isinstance(b, TextBlock):
             text.append(b.text)
     if text or not out:
-        out.append({"role": "user", "content": SEPARATOR.join(text)})
+        out.append(Turn("user", SEPARATOR.join(text)))
     return out
 
 
@@ -380,17 +375,16 @@ router = APIRouter(dependencies=[Depends(authorized)])
 async def create_message(request: Request, body: MessagesRequest) -> Any:
     state = server_state(request)
     state.ignored.note("messages", ignored_in(body))
-    req = to_chat(body)
-    return await run_chat(request, state, req.to_input(), lambda model, n: MessagesDialect(model, n), body.stream)
+    return await run_chat(request, state, to_input(body), lambda model, n: MessagesDialect(model, n), body.stream)
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, int]:
     """The prompt's length in tokens, as /v1/messages would render it: system, messages, tools."""
     state = server_state(request)
-    req = to_chat(body)
+    req = to_input(body)
     async with state.lease(req.model) as slot:
-        prompt, _, _ = await asyncio.to_thread(prepare, loaded(slot), req.to_input())
+        prompt, _, _ = await asyncio.to_thread(prepare, loaded(slot), req)
     return {"input_tokens": len(prompt)}
 
 
