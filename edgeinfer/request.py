@@ -15,6 +15,9 @@ from edgeinfer.formats.base import ToolSpec
 from edgeinfer.options import Grammar, SamplingParams
 
 
+Role = Literal["system", "user", "assistant", "tool"]
+
+
 @dataclass(frozen=True, slots=True)
 class PastCall:
     """A call the assistant made earlier in the conversation."""
@@ -28,7 +31,7 @@ class PastCall:
 class Turn:
     """One message of the conversation."""
 
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Role
     text: str = ""
     calls: tuple[PastCall, ...] = ()  # an assistant's calls
     call_id: str | None = None  # a tool result: the call it answers

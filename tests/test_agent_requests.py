@@ -14,7 +14,7 @@ from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.messages import ignored_in
 from edgeinfer.server.messages import to_input as messages_to_input
 from edgeinfer.server.messages_schema import MessagesRequest
-from edgeinfer.server.responses import to_chat as responses_to_chat
+from edgeinfer.server.responses import to_input as responses_to_input
 from edgeinfer.server.responses_schema import ResponsesRequest, parse_items, parse_tools
 
 pytestmark = pytest.mark.pure
@@ -37,8 +37,8 @@ def test_codex_requests_are_taken(path):
     raw = body(path)
     req = ResponsesRequest.model_validate(raw)
     tools = parse_tools(req.tools)
-    chat = responses_to_chat(req, tools, parse_items(req.input), 0)
-    offered = {t.function.name for t in chat.tools or []}
+    chat = responses_to_input(req, tools, parse_items(req.input), 0)
+    offered = {t.name for t in chat.tools}
     # Every function the client offered, a namespace's among them, is the model's to call by a name it can map back.
     for t in raw.get("tools", []):
         if t["type"] == "function":
@@ -49,9 +49,9 @@ def test_codex_requests_are_taken(path):
                 assert internal in offered and tools.origin[internal] == (t["name"], inner["name"])
     hosted = [t["type"] for t in raw.get("tools", []) if t["type"] not in ("function", "namespace")]
     assert tools.left_out == hosted
-    # Its developer messages lead, as sent (the template renders them as system text); the fields that mean
+    # Its developer messages lead, as system turns (what the templates know); the fields that mean
     # nothing here are counted.
-    assert chat.messages[0].role == "developer"
+    assert raw["input"][0]["role"] == "developer" and chat.turns[0].role == "system"
     ignored = ignored_fields(req)
     assert "client_metadata" in ignored or "client_metadata" not in raw
     assert {"prompt_cache_key", "include"} & set(raw) <= set(ignored)

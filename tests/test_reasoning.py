@@ -398,7 +398,7 @@ def test_messages_stream_a_thinking_block_with_its_signature():
 def test_each_api_asks_for_a_budget_in_its_own_words():
     from edgeinfer.server.messages import to_input as messages_to_input
     from edgeinfer.server.messages_schema import MessagesRequest
-    from edgeinfer.server.responses import to_chat as responses_to_chat
+    from edgeinfer.server.responses import to_input as responses_to_input
     from edgeinfer.server.responses_schema import ResponsesRequest, parse_items, parse_tools
 
     def anthropic(thinking):
@@ -411,7 +411,7 @@ def test_each_api_asks_for_a_budget_in_its_own_words():
 
     def openai(reasoning):
         req = ResponsesRequest.model_validate({"model": "m", "input": "hi", "reasoning": reasoning})
-        return responses_to_chat(req, parse_tools(None), parse_items(req.input), 0).reasoning_budget
+        return responses_to_input(req, parse_tools(None), parse_items(req.input), 0).reasoning_budget
 
     assert openai({"effort": "medium"}) == EFFORT_BUDGET["medium"]
     assert openai({"effort": "none"}) == 0

@@ -15,7 +15,7 @@ from edgeinfer.client import async_client, client
 from edgeinfer.errors import RequestError
 from edgeinfer.events import Finish, StreamStats
 from edgeinfer.server.output import Done, TextDelta, ToolCall, ToolCallDelta
-from edgeinfer.server.responses import chat_messages, to_chat
+from edgeinfer.server.responses import to_input, turns_of
 from edgeinfer.server.responses_render import ResponsesDialect
 from edgeinfer.server.responses_schema import ResponsesRequest, parse_items, parse_tools
 from edgeinfer.server.responses_store import ResponseStore
@@ -185,13 +185,16 @@ def test_items_become_the_internal_chat_request():
             {"type": "function_call_output", "call_id": "c1", "output": "42"},
         ]
     )
-    chat = to_chat(req, parse_tools(req.tools), items, 0)
-    m = [x.model_dump(exclude_none=True) for x in chat.messages]
-    assert [x["role"] for x in m] == ["system", "user", "assistant", "tool"]
-    assert m[2]["content"] == "ok" and m[2]["tool_calls"][0]["id"] == "c1"
-    assert m[3]["tool_call_id"] == "c1" and m[3]["content"] == "42"
-    assert chat.tool_choice.function.name == "f" and chat.max_tokens == 9
-    assert chat.response_format.json_schema.schema_ == {"type": "object"}
+    chat = to_input(req, parse_tools(req.tools), items, 0)
+    t = chat.turns
+    assert [x.role for x in t] == ["system", "user", "assistant", "tool"]
+    assert t[2].text == "ok" and t[2].calls[0].id == "c1" and t[2].calls[0].arguments == {}
+    assert (t[3].call_id, t[3].text) == ("c1", "42")
+    assert (chat.tool_choice, chat.forced, chat.sampling.max_tokens) == ("required", "f", 9)
+    assert (
+        json.loads(chat.answer_format.source) == {"type": "object"}
+        and chat.answer_format.origin == "text.format.schema"
+    )
 
 
 @pytest.mark.pure
@@ -209,7 +212,7 @@ def test_items_become_the_internal_chat_request():
 )
 def test_bad_items_and_tools_name_the_problem(items, tools, says):
     with pytest.raises(RequestError, match=says):
-        chat_messages(None, parse_items(items))
+        turns_of(None, parse_items(items))
         parse_tools(tools)
 
 

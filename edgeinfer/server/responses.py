@@ -1,8 +1,8 @@
 """OpenAI's Responses API, `POST /v1/responses` and GET/DELETE `/v1/responses/{id}`: a thin translation.
 
-A request becomes the internal ChatRequest (instructions a system message, `message` items
-messages, `function_call` items an assistant's tool_calls with their call ids,
-`function_call_output` items tool messages with `tool_call_id`) and runs through the same
+A request becomes the internal request, edgeinfer.request.ChatInput (instructions a system turn,
+`message` items turns, `function_call` items an assistant's calls with their call ids,
+`function_call_output` items tool turns answering a call id) and runs through the same
 path as chat completions: one packed batch, grammar, prefix cache. The answer comes back as
 the neutral event stream, which responses_render.py turns into a Response object or the typed
 SSE events; responses_store.py keeps finished responses for `previous_response_id`.
@@ -10,12 +10,16 @@ SSE events; responses_store.py keeps finished responses for `previous_response_i
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import ValidationError
 
 from edgeinfer.errors import ContextLengthError, RequestError
+from edgeinfer.formats.reasoning import EFFORT_BUDGET
+from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.request import ChatInput, PastCall, Role, Tool, Turn
 from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
 from edgeinfer.server.responses_render import ResponsesDialect
@@ -31,7 +35,6 @@ from edgeinfer.server.responses_schema import (
 )
 from edgeinfer.server.responses_store import MAX_RESPONSES, ResponseStore, Stored
 from edgeinfer.server.run import run_chat
-from edgeinfer.server.schema import ChatRequest
 from edgeinfer.server.state import authorized, server_state
 
 # --- to the internal request ---------------------------------------------------------
@@ -43,28 +46,27 @@ def _text(content: str | list[dict[str, Any]]) -> str:
     return "".join(p.get("text", p.get("refusal", "")) for p in content)
 
 
-def chat_messages(
+def turns_of(
     instructions: str | None, items: list[dict[str, Any]], first: int = 0, tools: ToolSet | None = None
-) -> list[dict[str, Any]]:
-    """Checked items as chat messages: function_call items join the assistant message before them as
-    tool_calls (a namespace's function under the name the model knows it by); function_call_output items
-    become tool messages answering a call made earlier. `first` is the index of the request's own first
-    item in `items` (earlier ones came from the store)."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+) -> list[Turn]:
+    """Checked items as the internal request's turns: function_call items join the assistant turn before them
+    as its calls (a namespace's function under the name the model knows it by); function_call_output items
+    become tool turns answering a call made earlier. `first` is the index of the request's own first item in
+    `items` (earlier ones came from the store)."""
+    turns: list[Turn] = [Turn("system", instructions)] if instructions else []
     calls: set[str] = set()
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append({"role": item["role"], "content": _text(item["content"])})
+            role: Role = "system" if item["role"] == "developer" else item["role"]
+            turns.append(Turn(role, _text(item["content"])))
         elif kind == "function_call":
             name = tools.internal(item.get("namespace"), item["name"]) if tools is not None else item["name"]
-            call = {"id": item["call_id"], "type": "function", "function": {"name": name}}
-            call["function"]["arguments"] = item["arguments"]
-            last = messages[-1] if messages else None
-            if last is None or last["role"] != "assistant":
-                last = {"role": "assistant", "content": None}
-                messages.append(last)
-            last.setdefault("tool_calls", []).append(call)
+            call = PastCall(item["call_id"], name, json.loads(item["arguments"]))
+            if turns and turns[-1].role == "assistant":
+                turns[-1] = dataclasses.replace(turns[-1], calls=(*turns[-1].calls, call))
+            else:
+                turns.append(Turn("assistant", "", (call,)))
             calls.add(item["call_id"])
         elif kind == "function_call_output":
             if item["call_id"] not in calls:
@@ -74,52 +76,41 @@ def chat_messages(
                     "send the function_call item before its output (or previous_response_id)",
                     f"{where}.call_id",
                 )
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"])})
-    if not any(m["role"] != "system" for m in messages):
+            turns.append(Turn("tool", _text(item["output"]), call_id=item["call_id"]))
+    if not any(t.role != "system" for t in turns):
         raise RequestError("input is empty: send a string or at least one message item", "input")
-    return messages
+    return turns
 
 
-def to_chat(req: ResponsesRequest, toolset: ToolSet, items: list[dict[str, Any]], first: int) -> ChatRequest:
-    """The internal request: the one the chat completions endpoint runs."""
-    tools = toolset.functions
-    choice = parse_tool_choice(req.tool_choice, tools)
-    body: dict[str, Any] = {
-        "model": req.model,
-        "messages": chat_messages(req.instructions, items, first, toolset),
-        "stream": req.stream,
-        "max_tokens": req.max_output_tokens,
-        "parallel_tool_calls": bool(req.parallel_tool_calls),
-    }
-    if req.ignore_eos:
-        body["ignore_eos"] = True
-    if req.reasoning is not None and req.reasoning.effort is not None:
-        body["reasoning_effort"] = req.reasoning.effort
-    for name in ("temperature", "top_p", "seed"):
-        if getattr(req, name) is not None:
-            body[name] = getattr(req, name)
-    if tools:
-        body["tools"] = [
-            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in tools
-        ]
-    if isinstance(choice, NamedFunction):
-        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    elif choice is not None:
-        body["tool_choice"] = choice
+def to_input(req: ResponsesRequest, toolset: ToolSet, items: list[dict[str, Any]], first: int) -> ChatInput:
+    """The internal request (edgeinfer.request): errors name this API's fields."""
+    choice = parse_tool_choice(req.tool_choice, toolset.functions)
+    tools = [Tool(t.name, t.description, t.parameters, "tools") for t in toolset.functions]
     fmt = req.text.format if req.text else None
+    answer_format = None
     if isinstance(fmt, FormatJsonSchema):
-        schema = {"name": fmt.name, "schema": fmt.schema_, "description": fmt.description, "strict": fmt.strict}
-        body["response_format"] = {"type": "json_schema", "json_schema": schema}
-    elif fmt is not None:
-        body["response_format"] = {"type": fmt.type}
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as e:  # the checks above should leave nothing; say what remains plainly
-        err = e.errors()[0]
-        raise RequestError(str(err["msg"]).removeprefix("Value error, ")) from None
+        answer_format = Grammar(kind="json_schema", source=json.dumps(fmt.schema_), origin="text.format.schema")
+    elif fmt is not None and fmt.type == "json_object":
+        answer_format = Grammar(kind="json_schema", source='{"type": "object"}', origin="text.format")
+    chosen = {k: getattr(req, k) for k in ("temperature", "top_p", "seed") if getattr(req, k) is not None}
+    sampling = SamplingParams(max_tokens=req.max_output_tokens, ignore_eos=bool(req.ignore_eos), **chosen)
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    forced = choice.name if isinstance(choice, NamedFunction) else None
+    return ChatInput(
+        model=req.model,
+        turns=turns_of(req.instructions, items, first, toolset),
+        sampling=sampling,
+        named=frozenset(chosen),
+        tools=tools,
+        tool_choice="required" if forced is not None else choice or "auto",  # type: ignore[arg-type]
+        forced=forced,
+        parallel_calls=bool(req.parallel_tool_calls) and forced is None,
+        answer_format=answer_format,
+        reasoning_budget=EFFORT_BUDGET[effort] if effort is not None else None,
+    )
 
 
-def echo(req: ResponsesRequest, chat: ChatRequest) -> dict[str, Any]:
+def echo(req: ResponsesRequest, chat: ChatInput) -> dict[str, Any]:
     """The request fields a Response object repeats, as applied (sampling defaults included)."""
     fmt = req.text.format if req.text is not None and req.text.format is not None else FormatText(type="text")
     text: dict[str, Any] = {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
@@ -131,21 +122,21 @@ def echo(req: ResponsesRequest, chat: ChatRequest) -> dict[str, Any]:
         "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": req.max_tool_calls,
         "metadata": req.metadata or {},
-        "parallel_tool_calls": chat.parallel_tool_calls,
+        "parallel_tool_calls": chat.parallel_calls,
         "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
         "store": req.stored,
-        "temperature": chat.temperature,
+        "temperature": chat.sampling.temperature,
         "text": text,
         "tool_choice": choice,
         "tools": list(req.tools or []),  # as sent
-        "top_p": chat.top_p,
+        "top_p": chat.sampling.top_p,
         "truncation": req.truncation or "disabled",
         "user": req.user,
     }
 
 
-OUR_NAMES = {"max_tokens": "max_output_tokens", "prompt": "input"}  # chat's field -> this API's
+OUR_NAMES = {"max_tokens": "max_output_tokens", "prompt": "input"}  # the engine's field -> this API's
 UNSERVED = {
     "conversation": "is not served (there is no conversations API here); continue with previous_response_id",
     "prompt": "(a reusable prompt kept on OpenAI's servers) is not served here; send instructions and input",
@@ -194,7 +185,7 @@ async def create_response(request: Request, req: ResponsesRequest) -> Any:
     items = [*history, *parse_items(req.input)]
     tools = parse_tools(req.tools)
     state.ignored.note("responses", [*ignored_fields(req), *(f"tools[].{kind}" for kind in tools.left_out)])
-    chat = to_chat(req, tools, items, len(history))
+    chat = to_input(req, tools, items, len(history))
     store = store_of(request)
     keep = (lambda response: store.put(response, items)) if req.stored else None
     shown = echo(req, chat)
@@ -203,11 +194,11 @@ async def create_response(request: Request, req: ResponsesRequest) -> Any:
         return ResponsesDialect(model, shown, keep, tools.origin)
 
     try:
-        return await run_chat(request, state, chat.to_input(), dialect, req.stream)
+        return await run_chat(request, state, chat, dialect, req.stream)
     except ContextLengthError as e:  # its words and code are what clients act on: only the field is renamed
         e.param = OUR_NAMES["prompt"]
         raise
-    except RequestError as e:  # the engine's door names chat's fields: say them as this API does
+    except RequestError as e:  # the engine's door names its own fields: say them as this API does
         if e.param in OUR_NAMES:
             raise RequestError(str(e).replace(e.param, OUR_NAMES[e.param], 1), OUR_NAMES[e.param]) from None
         raise
