@@ -14,7 +14,6 @@ from typing import Any, Literal
 from edgeinfer.formats.base import ToolSpec
 from edgeinfer.options import Grammar, SamplingParams
 
-
 Role = Literal["system", "user", "assistant", "tool"]
 
 

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.model
 
 GEMMA = "gemma3-270m-q4_k_m"  # trained for 32k tokens, sliding window 512
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, logprobs=5)
-SHARED = " ".join(f"Item {i}: the {w} is kept in drawer {i % 7}." for i, w in enumerate(["key", "map", "pen"] * 60))
-EARLIER = SHARED + "\n\n" + " ".join(f"Note {i}: nothing changed on day {i}." for i in range(150))
+# Each part more than twice the window (about 1,300 tokens each): the smallest prompts that still show it.
+SHARED = " ".join(f"Item {i}: the {w} is kept in drawer {i % 7}." for i, w in enumerate(["key", "map", "pen"] * 30))
+EARLIER = SHARED + "\n\n" + " ".join(f"Note {i}: nothing changed on day {i}." for i in range(110))
 LATER = SHARED + "\n\nWhich drawer holds item 4?"
 
 

@@ -8,6 +8,8 @@ lists and numpy arrays cross this boundary; outside edgeinfer.llamacpp no module
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -43,11 +45,13 @@ def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int) -> str:
     return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
 
 
+@functools.cache
 def build_identity() -> list[Any]:
-    """llama-cpp-python's version and its libraries (name, size, modification time): equal on two runs
-    only when the same llama.cpp build runs."""
-    libs = sorted(Path(C.__file__).parent.glob("lib/*.so*"))
-    return [C.__version__, [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in libs]]
+    """llama-cpp-python's version and its libraries' contents (name, SHA-256): equal on two runs only when the
+    same llama.cpp build runs, wherever it is installed (a fresh virtualenv of the same wheel is the same build).
+    About 0.2 s, once per process."""
+    libs = sorted(p for p in Path(C.__file__).parent.glob("lib/*.so*") if p.is_file() and not p.is_symlink())
+    return [C.__version__, [(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in libs]]
 
 
 _init_lock = threading.Lock()
