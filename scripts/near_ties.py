@@ -12,6 +12,7 @@ reports how far the gap between two of a row's top candidates moved. Used by the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -90,12 +91,11 @@ def drift_key(config: EngineConfig, prompts: list[list[int]], n_tokens: int) -> 
     """What a drift measurement depends on, hashed: llama.cpp's libraries and the CPU kernels this process
     loaded, the model file, the numerics settings, the prompts, and this file's code. llama.cpp is
     deterministic for a given build, kernels, model and batch shape, so an equal key is an equal result."""
-    model = Path(config.model).stat()
     parts = {
         "llama_cpp": build_identity(),
         "variant": ggml.loaded_cpu_variant(),
         "cores": os.cpu_count(),
-        "model": (str(config.model), model.st_size, model.st_mtime_ns),
+        "model": _content(Path(config.model)),  # the weights, wherever this clone's virtualenv installed them
         "numerics": [config.flash_attn, config.kv_type, config.kv_layout, config.batch_size, config.ubatch_size],
         "threads": [config.threads, config.threads_batch],
         "prompts": prompts,
@@ -103,6 +103,16 @@ def drift_key(config: EngineConfig, prompts: list[list[int]], n_tokens: int) -> 
         "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@functools.cache
+def _content(path: Path) -> str:
+    """A file's SHA-256 (once per process: about 0.3 s for the default model)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _measure_drift(config: EngineConfig, prompts: list[list[int]], n_tokens: int) -> Drift:
