@@ -56,8 +56,9 @@ binary: dist/edgeinfer
 dist/edgeinfer: $(STAMP) $(BINARY_SOURCES)
 	$(PY) scripts/build_binary.py --out $@
 
+# The 25 slowest tests are listed at the end: where the suite's time goes, on every run.
 test: $(STAMP) dist/edgeinfer
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The pure tier only (no model may load: tests/conftest.py): the inner loop, in seconds.
 test-fast: $(STAMP)
