@@ -45,6 +45,7 @@ class Tool:
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema; None: any object
     origin: str = "tools"  # where the client sent its schema, for errors (tools[0].function.parameters)
+    strict: bool | None = None  # as the client sent it: templates that print a tool whole print it too
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters or {"type": "object"})
@@ -56,6 +57,8 @@ class Tool:
             function["description"] = self.description
         if self.parameters is not None:
             function["parameters"] = self.parameters
+        if self.strict is not None:
+            function["strict"] = self.strict
         return {"type": "function", "function": function}
 
 

@@ -417,3 +417,15 @@ def test_a_call_id_copied_from_the_history_is_replaced():
     copied = fmt.history_id("call_7")  # the id the template showed the model for the call in the history
     assert fmt.call_id(Call("get_weather", "{}", copied)) != copied
     assert fmt.call_id(Call("get_weather", "{}", "a1B2c3D4e")) == "a1B2c3D4e"
+
+
+@pytest.mark.pure
+def test_the_template_gets_each_tool_as_the_client_sent_it():
+    """Templates that print a tool whole (`tool | tojson`) print what the client sent, strict included."""
+    sent = {
+        "type": "function",
+        "function": {"name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True},
+    }
+    bare = {"type": "function", "function": {"name": "g"}}
+    req = ChatRequest(model="m", messages=ask("hi"), tools=[sent, bare]).to_input()
+    assert [t.as_template_takes_it() for t in req.tools] == [sent, bare]

@@ -85,7 +85,7 @@ def turns_of(
 def to_input(req: ResponsesRequest, toolset: ToolSet, items: list[dict[str, Any]], first: int) -> ChatInput:
     """The internal request (edgeinfer.request): errors name this API's fields."""
     choice = parse_tool_choice(req.tool_choice, toolset.functions)
-    tools = [Tool(t.name, t.description, t.parameters, "tools") for t in toolset.functions]
+    tools = [Tool(t.name, t.description, t.parameters, "tools", t.strict) for t in toolset.functions]
     fmt = req.text.format if req.text else None
     answer_format = None
     if isinstance(fmt, FormatJsonSchema):

@@ -339,7 +339,11 @@ class ChatRequest(_Sampling):
         ]
         tools = [
             internal.Tool(
-                t.function.name, t.function.description, t.function.parameters, f"tools[{i}].function.parameters"
+                t.function.name,
+                t.function.description,
+                t.function.parameters,
+                f"tools[{i}].function.parameters",
+                t.function.strict,
             )
             for i, t in enumerate(self.tools or [])
         ]
