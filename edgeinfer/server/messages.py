@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -142,17 +142,21 @@ def to_input(body: MessagesBody) -> ChatInput:
         sampling=sampling,
         named=named,
         tools=tools,
-        tool_choice="none"
-        if choice is not None and choice.type == "none"
-        else "required"
-        if choice is not None and choice.type in ("any", "tool")
-        else "auto",
+        tool_choice=CHOICES[choice.type] if choice is not None else "auto",
         forced=forced,
         # Anthropic's default is parallel calls; disable_parallel_tool_use holds the answer to one.
         parallel_calls=bool(tools) and forced is None and not (choice is not None and choice.disable_parallel_tool_use),
         answer_format=answer_format,
         reasoning_budget=thinking_budget(body.thinking) if body.thinking is not None else None,
     )
+
+
+CHOICES: dict[str, Literal["auto", "none", "required"]] = {
+    "auto": "auto",
+    "none": "none",
+    "any": "required",
+    "tool": "required",
+}
 
 
 def thinking_budget(thinking: ThinkingConfig) -> int | None:
