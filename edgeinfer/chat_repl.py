@@ -21,6 +21,8 @@ import platformdirs
 from edgeinfer.events import Chunk, Finish, StreamStats
 from edgeinfer.formats import reasoning
 from edgeinfer.options import SamplingParams
+from edgeinfer.prepare import prepare
+from edgeinfer.request import ChatInput, Role, Turn
 
 HELP = """commands:
   /reset   forget the conversation
@@ -57,16 +59,13 @@ class EngineBackend:
 
     def reply(self, messages: list[dict[str, str]], params: SamplingParams) -> Reply:
         engine = self.engine
-        text = engine.chat_text(messages)
-        facts = engine.facts
-        # As the server does: the thinking bounded by --reasoning-budget, split by --reasoning-format.
-        budget = reasoning.budget_of(None, facts.reasoning_budget)
-        thinks = reasoning.plan(facts.template.source, text, params.grammar, budget, facts.reasoning_format)
-        params = params.model_copy(update={"grammar": thinks.grammar})
-        split = reasoning.ReasoningSplit(thinks.shown, thinks.started) if thinks.shown is not None else None
-        if facts.template.stops:  # a fallback layout's end marker, written as text
-            params = params.model_copy(update={"stop": [*params.stop, *facts.template.stops]})
-        self._handle = engine.submit(engine.chat_tokens(text), params)[0]
+        # The server's own path (edgeinfer.prepare): the template, the thinking bounded by --reasoning-budget and
+        # split by --reasoning-format, a base model's turn ended. The flags' sampling is kept whole (all named).
+        turns = [Turn(cast(Role, m["role"]), m["content"]) for m in messages]
+        req = ChatInput("chat", turns, params, named=frozenset(SamplingParams.model_fields))
+        prompt, params, shape = prepare(engine, req)
+        split = reasoning.ReasoningSplit(shape.thinking, shape.started) if shape.thinking is not None else None
+        self._handle = engine.submit(prompt, params)[0]
         if split is None:
             yield from self._handle
             return

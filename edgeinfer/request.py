@@ -1,7 +1,8 @@
 """The one internal chat request: what every dialect translates its body into, in no API's shape.
 
-Chat completions, Responses, Messages, /apply-template and count_tokens each validate their own
-body and build a ChatInput; server/run.py (and server/tools.py) run it and import no wire schema.
+Chat completions, Responses, Messages, /apply-template, count_tokens and `edgeinfer chat` each
+validate their own input and build a ChatInput; edgeinfer/prepare.py makes it ready for the engine and
+server/run.py answers it; neither imports a wire schema.
 Everything here is already checked: roles are the four the templates know, arguments are objects,
 the tools have unique names and a forced tool is among them.
 """

@@ -67,8 +67,8 @@ WEATHER = {
 def test_a_new_tool_family_is_one_module_and_its_registration(monkeypatch):
     from edgeinfer.engine.template import ChatTemplate
     from edgeinfer.formats import select
+    from edgeinfer.prepare import prepare
     from edgeinfer.server.output import ChoiceOutput, TextDelta, ToolCall
-    from edgeinfer.server.run import prepare
     from edgeinfer.server.schema import ChatRequest
 
     from .fakes import fake_facts

@@ -11,9 +11,10 @@ from edgeinfer.engine.text import TextStream
 from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.formats.hermes import Hermes
 from edgeinfer.formats.reasoning import Thinking
+from edgeinfer.prepare import PLAIN, AnswerShape
 from edgeinfer.server.messages import MessagesDialect
 from edgeinfer.server.openai_chat import ChatDialect, CompletionDialect
-from edgeinfer.server.output import PLAIN, AnswerShape, ChoiceOutput, Done, TextDelta, ToolCall, ToolCallDelta, whole
+from edgeinfer.server.output import ChoiceOutput, Done, TextDelta, ToolCall, ToolCallDelta, whole
 from edgeinfer.server.responses_render import ResponsesDialect
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import _sse, respond

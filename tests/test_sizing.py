@@ -80,7 +80,7 @@ def test_a_gguf_that_names_no_context_gets_4096():
 def test_a_gguf_that_recommends_sampling_sets_the_defaults_of_what_a_request_leaves_out():
     """llama.cpp's general.sampling.* keys: a request that names a field keeps its own value."""
     from edgeinfer.options import SamplingParams, model_sampling
-    from edgeinfer.server.run import model_defaults
+    from edgeinfer.prepare import model_defaults
     from edgeinfer.server.schema import ChatRequest
 
     meta = {"general.sampling.temp": 0.0, "general.sampling.top_k": 20, "general.sampling.top_p": 7.5}

@@ -8,11 +8,11 @@ import json
 import jsonschema
 import pytest
 
+from edgeinfer import prepare as T
 from edgeinfer.bench.battery import CASES, WEATHER, check
 from edgeinfer.client import async_client, client
 from edgeinfer.formats.base import MAX_CALLS, Call, CallStream, call_schema
 from edgeinfer.formats.hermes import Hermes
-from edgeinfer.server import tools as T
 from edgeinfer.server.schema import ChatRequest
 
 from . import gate
@@ -382,7 +382,7 @@ class TemplateEngine:
 @pytest.mark.pure
 @pytest.mark.parametrize("choice", ["auto", "none"])
 def test_tool_history_reaches_a_tool_template_whole(choice):
-    from edgeinfer.server.run import prepare
+    from edgeinfer.prepare import prepare
 
     engine = TemplateEngine(TOOL_TEMPLATE)
     assert engine.template.renders_tools
@@ -395,7 +395,7 @@ def test_tool_history_reaches_a_tool_template_whole(choice):
 
 @pytest.mark.pure
 def test_a_template_without_tools_gets_the_history_in_the_wire_format():
-    from edgeinfer.server.run import prepare
+    from edgeinfer.prepare import prepare
 
     engine = TemplateEngine("{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}")
     assert not engine.template.renders_tools

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from edgeinfer import prepare as T
 from edgeinfer.client import client
 from edgeinfer.engine.embeddings import EMBED_CTX, pack
 from edgeinfer.formats.generic import Generic
 from edgeinfer.models.catalog import default_model_path
 from edgeinfer.options import SamplingParams
-from edgeinfer.server import tools as T
 from edgeinfer.server.schema import ChatRequest
 
 from . import gate

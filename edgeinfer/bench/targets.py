@@ -268,8 +268,8 @@ def tool_replies(target: Target, messages: Messages, tools: list[dict[str, Any]]
 
 def _engine_tool_reply(engine: Any, msgs: Any, tools: list[dict[str, Any]], max_tokens: int) -> Any:
     from edgeinfer.events import Chunk, Finish
+    from edgeinfer.prepare import prepare
     from edgeinfer.server.output import ToolCall, whole
-    from edgeinfer.server.run import prepare
     from edgeinfer.server.schema import ChatRequest
 
     req = ChatRequest(

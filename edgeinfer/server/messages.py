@@ -30,6 +30,7 @@ from pydantic_core import from_json
 
 from edgeinfer.errors import RequestError
 from edgeinfer.options import Grammar, SamplingParams
+from edgeinfer.prepare import prepare
 from edgeinfer.request import ChatInput, PastCall, Tool, Turn
 from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
@@ -45,7 +46,7 @@ from edgeinfer.server.messages_schema import (
 )
 from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
 from edgeinfer.server.pool import loaded
-from edgeinfer.server.run import prepare, run_chat
+from edgeinfer.server.run import run_chat
 from edgeinfer.server.state import authorized, server_state
 
 # --- errors ---------------------------------------------------------------------

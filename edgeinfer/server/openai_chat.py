@@ -11,10 +11,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from edgeinfer.events import Finish, StreamStats, TokenLogprob
+from edgeinfer.prepare import PLAIN, model_defaults
 from edgeinfer.server.api import Api
 from edgeinfer.server.lenient import ignored_fields
-from edgeinfer.server.output import PLAIN, Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
-from edgeinfer.server.run import model_defaults, run_chat
+from edgeinfer.server.output import Done, Event, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta
+from edgeinfer.server.run import run_chat
 from edgeinfer.server.schema import ChatRequest, CompletionRequest, error_body
 from edgeinfer.server.state import authorized, server_state
 from edgeinfer.server.streaming import SSEItem, respond, sse_data, submit

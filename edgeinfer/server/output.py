@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from edgeinfer.events import Chunk, Finish, TokenLogprob
 from edgeinfer.formats.base import Call, CallPiece, CallStream, ToolFormat
-from edgeinfer.formats.reasoning import ReasoningSplit, Thinking, split
+from edgeinfer.formats.reasoning import ReasoningSplit, split
+from edgeinfer.prepare import AnswerShape
 
 
 @dataclass(slots=True)
@@ -77,21 +78,6 @@ class Done:
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta | ToolCall | Done
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerShape:
-    """How to read a choice's text: its thinking block, then the format of its tool calls."""
-
-    calls: ToolFormat | None = None  # the family's format, when the request offered tools
-    thinking: Thinking | None = None  # the tags thinking is split from the answer at (None: not split)
-    started: bool = False  # the prompt opened the thinking block
-    # A base model's turn (no chat template: it never ends one) ends at this many tokens: the server's end of
-    # the turn, reported as "stop", not as the client's max_tokens reached.
-    turn_end: int | None = None
-
-
-PLAIN = AnswerShape()
 
 
 class ChoiceOutput:

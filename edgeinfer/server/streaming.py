@@ -19,7 +19,8 @@ from sse_starlette import EventSourceResponse
 from edgeinfer.engine import Engine, StreamHandle
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import SamplingParams
-from edgeinfer.server.output import AnswerShape, ChoiceOutput, Done, Event, whole
+from edgeinfer.prepare import AnswerShape
+from edgeinfer.server.output import ChoiceOutput, Done, Event, whole
 from edgeinfer.server.state import ServerState
 
 POLL_S = 0.2  # how often a waiting request looks for its client leaving or the grace running out

@@ -14,9 +14,9 @@ from pydantic import Field, field_validator
 
 from edgeinfer.engine import Engine
 from edgeinfer.errors import RequestError
+from edgeinfer.prepare import chat_text
 from edgeinfer.server.api import Api
 from edgeinfer.server.pool import loaded
-from edgeinfer.server.run import chat_text
 from edgeinfer.server.schema import MAX_PROMPT_IDS, ChatRequest, StrictBody, utf8_text
 from edgeinfer.server.state import authorized, server_state
 
