@@ -17,8 +17,6 @@ def fake_facts(template: ChatTemplate, special_token: Callable[[str], int | None
     return ModelFacts(
         template=template,
         special_token=special_token,
-        n_vocab=49_152,
-        n_ctx_stream=8_192,
         tool_format=config.tool_format,
         reasoning_format=config.reasoning_format,
         reasoning_budget=config.reasoning_budget,

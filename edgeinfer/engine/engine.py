@@ -109,8 +109,6 @@ class Engine:
         self.facts = ModelFacts(
             template=self.template,
             special_token=self.vocab.special_token,
-            n_vocab=self.vocab.n_tokens,
-            n_ctx_stream=self.n_ctx_stream,
             tool_format=config.tool_format,
             reasoning_format=config.reasoning_format,
             reasoning_budget=config.reasoning_budget,

@@ -19,8 +19,6 @@ BASE_MODEL_TOKENS = 512  # where a base model's chat turn ends (it has no chat t
 class ModelFacts:
     template: ChatTemplate  # the model's chat template, or a layout from its vocabulary (template.fallback)
     special_token: Callable[[str], int | None]  # the token a text is as one special token of the vocabulary
-    n_vocab: int
-    n_ctx_stream: int  # tokens one stream holds, prompt and answer
     tool_format: str  # --tool-format: "auto" (from the template) or a family's name
     reasoning_format: str  # --reasoning-format
     reasoning_budget: int  # --reasoning-budget (-1: unbounded)

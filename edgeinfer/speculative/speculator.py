@@ -81,7 +81,6 @@ class Speculator:
         self.batch_invariant = batch_invariant
         self.adaptive = config.spec == "auto"
         self.drafter = make_drafter(config, target, ctx_params)
-        self.source = self.drafter.name
         # Sample-and-match by default: every emitted token is the stream's own sampler's draw, so
         # seeded text is the same with speculation on or off, whatever the drafts were.
         self.rejection = config.spec_verify == "rejection"
@@ -105,8 +104,8 @@ class Speculator:
             # speculation on or off, so seeded sampling decodes plainly.
             return
         seed = None if params.seed is None else params.seed + stream.index
-        stream.drafting = Drafting(None, Acceptance(self._prior.alpha), np.random.default_rng(seed))
-        stream.drafting.own = self.drafter.attach(stream)
+        own = self.drafter.attach(stream)
+        stream.drafting = Drafting(own, Acceptance(self._prior.alpha), np.random.default_rng(seed))
 
     def detach(self, stream: Stream) -> None:
         """The stream has ended: its state goes (its counts stay), and the drafter's (a draft model's KV)."""
@@ -212,7 +211,7 @@ class Speculator:
         c = self.counters
         return SpeculationStats(
             mode=self.mode,
-            source=self.source,
+            source=self.drafter.name,
             drafted=c.drafted,
             accepted=c.accepted,
             verifications=c.verifications,
