@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -36,7 +35,8 @@ class FakeHub:
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     gated: dict[str, int] = field(default_factory=dict)  # repo id -> 401 or 403 without a token
     cut_after: dict[str, int] = field(default_factory=dict)  # file name -> bytes sent before the next GET is cut
-    delay_per_chunk: float = 0.0  # seconds slept after each CHUNK of a download: keeps a pull mid-download
+    hold_after: int | None = None  # bytes of downloads sent, after which every download waits for `release`
+    release: threading.Event = field(default_factory=threading.Event)
     chunk: int = CHUNK
     log: list[Request] = field(default_factory=list)
     bytes_sent: int = 0
@@ -190,8 +190,8 @@ class _Handler(BaseHTTPRequestHandler):
                 pos += n
                 with hub._lock:
                     hub.bytes_sent += n
-                if hub.delay_per_chunk:
-                    time.sleep(hub.delay_per_chunk)
+                if hub.hold_after is not None and hub.bytes_sent >= hub.hold_after:
+                    hub.release.wait(60)  # the client is mid-download until the test says so
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

@@ -145,20 +145,21 @@ def test_a_cut_connection_resumes_with_a_range_request(tmp_path, hub, source):
 
 
 def test_ctrl_c_stops_at_once_and_a_second_pull_completes(tmp_path, hub, source):
-    hub.delay_per_chunk = 0.05  # about 5 s for the model: the pull is mid-download when interrupted
+    hub.hold_after = hub.bytes_sent + 10_000_000  # the download stops there until released: mid-download
+    hub.release.clear()
     try:
-        sent = hub.bytes_sent
         proc = subprocess.Popen(
             [EDGEINFER, "pull", f"{REPO}:Q8_0"], env=env_for(tmp_path, hub), stderr=subprocess.PIPE, text=True
         )
-        deadline = time.monotonic() + 60
-        while hub.bytes_sent - sent < 10_000_000 and time.monotonic() < deadline and proc.poll() is None:
+        deadline = time.monotonic() + 120
+        while hub.bytes_sent < hub.hold_after and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert proc.poll() is None and hub.bytes_sent - sent < len(source), "the pull was not mid-download"
+        assert proc.poll() is None and hub.bytes_sent >= hub.hold_after, "the pull did not get mid-download"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=60)
     finally:
-        hub.delay_per_chunk = 0.0
+        hub.hold_after = None
+        hub.release.set()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("edgeinfer: pull of"), err
     assert "interrupted" in err
