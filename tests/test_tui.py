@@ -79,7 +79,7 @@ def snapshot(t: float = 1000.0, tps: float = 173.2, **over: Any) -> dict[str, An
         "cache": {"ram_entries": 3, "ram_bytes": 70 << 20, "ram_budget_bytes": 2 << 30, "ram_hits": 5},
         "rate": {"generated_tps_1s": tps, "generated_tps_10s": 160.0},
         "latency": {"ttft_p50_s": 0.134, "ttft_p95_s": 0.5, "itl_p50_s": 0.011, "itl_p95_s": 0.02},
-        "steps": {"count": 100, "decode_seconds": 5.0},
+        "steps": {"count": 100, "decode_seconds": 5.0, "threads": 2, "threads_max": 2, "threads_fitted": True},
         "streams": STREAMS,
     }
     return snap | over

@@ -58,9 +58,17 @@ def model_lines(snap: EngineStats) -> list[str]:
         m.name or m.path or "?",
         f"{m.quantization} · {fmt_count(m.n_params)} params · {m.architecture}",
         f"context {m.ctx_size} cells · KV {m.kv_type}",
-        f"parallel {m.parallel} · GPU layers {'all' if m.gpu_layers < 0 else m.gpu_layers}",
+        f"parallel {m.parallel} · GPU layers {'all' if m.gpu_layers < 0 else m.gpu_layers} · {threads_text(snap)}",
         *([device_split(m.devices)] if m.devices else []),
     ]
+
+
+def threads_text(snap: EngineStats) -> str:
+    """'threads 2', or 'threads 1 of 2 (other work holds the rest)' while the count is fitted down."""
+    st = snap.steps
+    if st.threads_fitted and st.threads < st.threads_max:
+        return f"threads {st.threads} of {st.threads_max} (other work holds the rest)"
+    return f"threads {st.threads}"
 
 
 def served_line(served: list[tuple[str, bool]]) -> str:

@@ -42,6 +42,7 @@ from edgeinfer.engine.step import BatchItem, StepOutput, StepPlan
 from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
+from edgeinfer.engine.threads import ThreadTuner
 from edgeinfer.errors import EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
@@ -124,6 +125,8 @@ class Engine:
             max_queue=config.max_queue,
         )
         self.metrics = Metrics()
+        # Threads fitted to the load only where the user left them to us (--threads and --threads-batch 0).
+        self.thread_tuner = ThreadTuner(self.ctx.threads) if not (config.threads or config.threads_batch) else None
         self.emitter = Emitter(self.vocab, self.metrics)  # guarded by lock
         self.streams: dict[int, Stream] = {}  # every stream from submit to its Finish, by id; guarded by lock
         self.grammars = Grammars(self.vocab)
@@ -284,6 +287,9 @@ class Engine:
             streams=list(self.streams.values()),
             spec=speculator.stats() if speculator is not None else SpeculationStats(error=self.speculation_error),
             cache=self.store.refresh_stats().model_copy() if self.store is not None else None,
+            threads=self.ctx.threads,
+            threads_max=self.thread_tuner.max if self.thread_tuner is not None else self.ctx.threads,
+            thread_changes=self.thread_tuner.changes if self.thread_tuner is not None else None,
         )
 
     def close(self) -> None:
@@ -415,10 +421,17 @@ class Engine:
         for it in plan.items:
             it.row0 = batch.n
             rows.append(batch.add(it.stream.seq, it.tokens, it.pos0, bool(it.samplers), 0 if it.n_draft else -1))
+        tuner = self.thread_tuner
+        if tuner is not None and (threads := tuner.threads()) != self.ctx.threads:
+            self.ctx.set_threads(threads)
         t0 = time.perf_counter()
-        if not self.ctx.decode(batch):
-            faults.kv_full(self, plan)
-            return 0
+        self.metrics.decoding_since = t0
+        try:
+            if not self.ctx.decode(batch):
+                faults.kv_full(self, plan)
+                return 0
+        finally:
+            self.metrics.decoding_since = None
         t1 = time.perf_counter()
         if self.speculator is not None:
             self.speculator.observe_step(plan.n_tokens, t1 - t0)

@@ -53,6 +53,7 @@ class Metrics:
     constrained_tokens: int = 0  # tokens of streams with a grammar
     forced_tokens: int = 0  # of those, appended because the grammar allowed nothing else
     decode_seconds: float = 0.0
+    decoding_since: float | None = None  # time.perf_counter() when the llama_decode in progress began
     finished: dict[str, int] = field(default_factory=dict)
     ttft_hist: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl_hist: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))

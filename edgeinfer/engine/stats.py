@@ -132,7 +132,12 @@ class LatencyStats(_Stats):
 
 class StepStats(_Stats):
     count: int = 0  # llama_decode calls
-    decode_seconds: float = 0.0
+    decode_seconds: float = 0.0  # in finished calls
+    decoding_s: float = 0.0  # how long the call in progress has run; 0 between calls
+    threads: int = 0  # CPU threads of the last call
+    threads_max: int = 0  # the most it may use: the cores (--threads 0), or the user's --threads
+    threads_fitted: bool = False  # the count follows the machine's load (--threads 0), else it is the user's
+    thread_changes: int = 0  # times the fitted count changed
 
 
 class SpeculationStats(_Stats):
@@ -213,6 +218,9 @@ class EngineView:
     streams: list[Stream]  # running and waiting streams
     spec: SpeculationStats
     cache: CacheStats | None  # None without KV cache tiers
+    threads: int  # CPU threads of the last decode
+    threads_max: int  # the cores, or the user's --threads
+    thread_changes: int | None  # times the fitted count changed; None where the user fixed it
 
 
 def model_stats(config: EngineConfig, model: Model, n_ctx: int) -> ModelStats:
@@ -287,7 +295,15 @@ def build_stats(view: EngineView) -> EngineStats:
         cache=view.cache if view.cache is not None else CacheStats(),
         rate=RateStats(generated_tps_1s=m.generated_tps(1.0), generated_tps_10s=m.generated_tps(10.0)),
         latency=LatencyStats(**m.rolling()),
-        steps=StepStats(count=m.steps, decode_seconds=m.decode_seconds),
+        steps=StepStats(
+            count=m.steps,
+            decode_seconds=m.decode_seconds,
+            decoding_s=time.perf_counter() - m.decoding_since if m.decoding_since is not None else 0.0,
+            threads=view.threads,
+            threads_max=view.threads_max,
+            threads_fitted=view.thread_changes is not None,
+            thread_changes=view.thread_changes or 0,
+        ),
         spec=view.spec,
         streams=rows,
     )

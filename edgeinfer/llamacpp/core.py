@@ -275,6 +275,11 @@ class Context:
     def handle(self) -> C.llama_context_p:
         return self._h
 
+    def set_threads(self, n: int) -> None:
+        """The CPU threads of the next decodes (prompt batches and single tokens alike); cheap, between decodes."""
+        C.llama_set_n_threads(self._h, n, n)
+        self.threads = n
+
     def decode(self, batch: Batch) -> bool:
         """Run one llama_decode. Returns False when the KV cache has no room for the batch."""
         rc = C.llama_decode(self._h, batch.raw)

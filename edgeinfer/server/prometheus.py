@@ -94,6 +94,11 @@ def _families(snap: EngineStats, m: Any) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "edgeinfer_decode_seconds", "Seconds spent in llama_decode.", value=snap.steps.decode_seconds
     )
+    yield GaugeMetricFamily(
+        "edgeinfer_threads",
+        "CPU threads of the last decode (fitted to the free cores unless --threads).",
+        value=snap.steps.threads,
+    )
     if spec.mode != "off":
         yield CounterMetricFamily("edgeinfer_spec_drafted_tokens", "Draft tokens verified.", value=spec.drafted)
         yield CounterMetricFamily("edgeinfer_spec_accepted_tokens", "Draft tokens accepted.", value=spec.accepted)

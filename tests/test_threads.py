@@ -1,0 +1,145 @@
+"""The thread count follows the cores the machine has free (engine/threads.py), and it changes no number."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgeinfer.engine.threads import AGREE, WINDOW_S, CpuSample, ThreadTuner, read_cpu
+from edgeinfer.options import EngineConfig
+from edgeinfer.runtime import make_engine
+
+pytestmark = pytest.mark.pure
+
+
+class Machine:
+    """A fake machine: each window, this process ran `ours` cores and `idle` cores stood unused."""
+
+    def __init__(self) -> None:
+        self.t, self.idle, self.ours = 0.0, 0.0, 0.0
+
+    def read(self) -> CpuSample:
+        return CpuSample(self.t, self.idle, self.ours)
+
+    def clock(self) -> float:
+        return self.t
+
+    def window(self, ours: float, idle: float) -> None:
+        self.t += WINDOW_S
+        self.ours += ours * WINDOW_S
+        self.idle += idle * WINDOW_S
+
+
+def counts(tuner: ThreadTuner, machine: Machine, windows: list[tuple[float, float]]) -> list[int]:
+    out = []
+    for ours, idle in windows:
+        machine.window(ours, idle)
+        out.append(tuner.threads())
+    return out
+
+
+def tuner_on(n: int) -> tuple[ThreadTuner, Machine]:
+    m = Machine()
+    return ThreadTuner(n, read=m.read, clock=m.clock), m
+
+
+def test_an_idle_machine_keeps_every_core():
+    tuner, m = tuner_on(2)
+    # Our threads ran both cores, or stood idle between requests: both cores are ours either way.
+    assert counts(tuner, m, [(1.9, 0.1), (2.0, 0.0), (0.0, 2.0), (1.2, 0.8)] * 3) == [2] * 12
+    assert tuner.changes == 0
+
+
+def test_other_work_on_the_cores_lowers_the_count_after_two_windows_and_its_end_raises_it():
+    tuner, m = tuner_on(2)
+    # Two busy processes beside us on 2 cores: our 2 threads got one core between them, none stood idle.
+    busy = counts(tuner, m, [(1.0, 0.0)] * AGREE)
+    assert busy == [2] * (AGREE - 1) + [1]
+    # Alone on one thread with the other work running: two thirds of a core, nothing idle: stay.
+    assert counts(tuner, m, [(0.7, 0.0)] * 4) == [1] * 4
+    # The other work ended: a core stands idle beside ours.
+    assert counts(tuner, m, [(1.0, 1.0)] * AGREE)[-1] == 2
+    assert tuner.changes == 2
+
+
+def test_one_busy_window_changes_nothing():
+    tuner, m = tuner_on(2)
+    assert counts(tuner, m, [(2.0, 0.0), (1.0, 0.0), (2.0, 0.0), (1.0, 0.0), (2.0, 0.0)]) == [2] * 5
+
+
+def test_eight_cores_three_busy_give_five_threads():
+    tuner, m = tuner_on(8)
+    assert counts(tuner, m, [(5.1, 0.0)] * AGREE)[-1] == 5
+    assert counts(tuner, m, [(5.0, 0.1)] * 3) == [5] * 3  # our 5 threads stay busy: keep them
+
+
+def test_the_counters_are_read_once_a_window():
+    reads = []
+    m = Machine()
+
+    def read():
+        reads.append(m.t)
+        return m.read()
+
+    tuner = ThreadTuner(2, read=read, clock=m.clock)
+    for _ in range(100):  # steps within one window
+        m.t += WINDOW_S / 200
+        tuner.threads()
+    assert reads == [0.0]
+
+
+def test_without_proc_stat_the_count_stays_put():
+    tuner = ThreadTuner(4, read=lambda: None)
+    assert [tuner.threads() for _ in range(3)] == [4, 4, 4]
+
+
+def test_this_machine_is_read():
+    a = read_cpu()
+    assert a is not None and a.idle > 0 and a.ours > 0  # Linux: /proc/stat is there
+
+
+@pytest.mark.model
+def test_thread_counts_give_the_same_logits_bit_for_bit(model_path):
+    from edgeinfer.bench.exclusive import run_exclusive
+    from edgeinfer.llamacpp import Batch
+
+    def logits_at(threads: int):
+        def run(ctx):
+            ctx.set_threads(threads)
+            batch = Batch(len(prompt))
+            try:
+                row = batch.add(0, prompt, 0, True)
+                assert ctx.decode(batch)
+                return ctx.logits(row)
+            finally:
+                ctx.seq_rm(0)
+                batch.close()
+
+        return run
+
+    with make_engine(EngineConfig(model=model_path, parallel=2, ctx_size=1024, threads=2)) as eng:
+        prompt = eng.vocab.tokenize("The three primary colours are red, yellow and")
+        one, two = run_exclusive(eng, logits_at(1)), run_exclusive(eng, logits_at(2))
+    assert np.array_equal(one, two)
+
+
+@pytest.mark.model
+def test_the_engine_fits_threads_only_when_the_user_left_them_to_it(model_path):
+    with make_engine(EngineConfig(model=model_path, parallel=1, ctx_size=512)) as auto:
+        steps = auto.snapshot().steps
+        assert steps.threads_fitted and steps.threads >= 1
+    with make_engine(EngineConfig(model=model_path, parallel=1, ctx_size=512, threads=1)) as fixed:
+        steps = fixed.snapshot().steps
+        assert not steps.threads_fitted and steps.threads == 1 and fixed.thread_tuner is None
+
+
+def test_the_dashboard_says_when_other_work_holds_cores():
+    from edgeinfer.engine.stats import EngineStats, StepStats
+    from edgeinfer.tui.figures import threads_text
+
+    def text(**steps):
+        return threads_text(EngineStats(steps=StepStats(**steps)))
+
+    assert text(threads=1, threads_max=2, threads_fitted=True) == "threads 1 of 2 (other work holds the rest)"
+    assert text(threads=2, threads_max=2, threads_fitted=True) == "threads 2"
+    assert text(threads=3, threads_max=3, threads_fitted=False) == "threads 3"
