@@ -298,7 +298,7 @@ def build_stats(view: EngineView) -> EngineStats:
         steps=StepStats(
             count=m.steps,
             decode_seconds=m.decode_seconds,
-            decoding_s=time.perf_counter() - m.decoding_since if m.decoding_since is not None else 0.0,
+            decoding_s=now - since if (since := m.decoding_since) is not None else 0.0,  # read once
             threads=view.threads,
             threads_max=view.threads_max,
             threads_fitted=view.thread_changes is not None,
