@@ -149,7 +149,13 @@ def test_ctrl_c_stops_at_once_and_a_second_pull_completes(tmp_path, hub, source)
     hub.release.clear()
     try:
         proc = subprocess.Popen(
-            [EDGEINFER, "pull", f"{REPO}:Q8_0"], env=env_for(tmp_path, hub), stderr=subprocess.PIPE, text=True
+            [EDGEINFER, "pull", f"{REPO}:Q8_0"],
+            env=env_for(tmp_path, hub),
+            stderr=subprocess.PIPE,
+            text=True,
+            # Ctrl-C as at a terminal: a suite started in the background (`cmd &` without job control, nohup)
+            # ignores SIGINT, its children inherit that, and the pull would rightly go on (seen: exit 0, a hang).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 120
         while hub.bytes_sent < hub.hold_after and time.monotonic() < deadline and proc.poll() is None:
