@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 
@@ -20,14 +19,11 @@ SPIN = "while True: pass"
 
 
 def one(threads: int, max_tokens: int) -> tuple[float, float]:
-    """(tok/s, TTFT ms) of one generate run."""
+    """(decode tok/s, TTFT ms) of one generate run, from its --json figures."""
     cmd = [sys.executable, "-m", "edgeinfer.cli", "generate", PROMPT, "--max-tokens", str(max_tokens)]
-    cmd += ["--temperature", "0", "--spec", "off", "--threads", str(threads)]
-    err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    m = re.search(r"([\d.]+) tok/s · TTFT (\d+) ms", err)
-    if m is None:
-        raise SystemExit(f"no speed line in: {err[-500:]}")
-    return float(m[1]), float(m[2])
+    cmd += ["--temperature", "0", "--spec", "off", "--threads", str(threads), "--json"]
+    done = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["completions"][0]
+    return done["decode_tps"], 1000 * done["ttft_s"]
 
 
 def main() -> int:

@@ -2,9 +2,9 @@
 
 llama.cpp's CPU threads meet at a barrier after each operation of the graph, hundreds of times a step. While other
 processes hold some of the cores, a thread waits at every barrier for a partner the OS has not scheduled yet, and a
-step with a thread per core takes several times as long as one with fewer threads. On 2 cores with two busy `yes`
-beside it, one stream generated 12.8 tok/s with 2 threads and 47.6 with 1; on the idle machine, 113 and 76
-(`scripts/busy_cpu.py` measures it). So the count follows what the machine has free: once a second the cores this
+step with a thread per core takes several times as long as one with fewer threads. On 2 cores with two spinning
+processes beside it, one stream generated 15.1 tok/s with 2 threads and 36.8 with 1 (`scripts/busy_cpu.py`, figures
+in docs/benchmarks.md). So the count follows what the machine has free: once a second the cores this
 process used plus the cores that stood idle are the cores it can have, and two windows in a row that say so change
 the count. Thread counts do not change llama.cpp's CPU numbers (each output is summed by one thread;
 `tests/test_threads.py` checks the logits bit for bit), so a change mid-stream moves no token.
