@@ -18,7 +18,24 @@ DROP := --drop llama_cpp/lib/libggml-cpu-sapphirerapids.so
 endif
 # ggml's RPC backend, for `edgeinfer worker` and --rpc (docs/rpc.md).
 RPC := -DGGML_RPC=ON
-CMAKE_FLAGS := $(strip $(PORTABLE) $(RPC) $(LLAMA_CMAKE_ARGS))
+# GPU backends, each a loadable library beside the CPU kernels (docs/gpu.md). Vulkan (AMD, Intel and
+# NVIDIA GPUs) is built whenever its headers, SPIR-V headers and glslc are installed (Debian: libvulkan-dev,
+# spirv-headers, glslc; mesa-vulkan-drivers adds a software device); VULKAN=0
+# leaves it out. CUDA=1 builds CUDA with NVIDIA's compiler from PyPI (scripts/cuda_toolchain.sh).
+# With CUDA, Vulkan stays out unless VULKAN=1 is given: both would list one card twice.
+CUDA ?= 0
+ifeq ($(CUDA),1)
+VULKAN ?= 0
+CUDA_FLAGS := $(shell PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/cuda_toolchain.sh --cmake-args)
+ifeq ($(CUDA_FLAGS),)
+$(error CUDA=1: scripts/cuda_toolchain.sh could not install NVIDIA's compiler from PyPI (its message is above))
+endif
+endif
+ifeq ($(shell uname -s),Linux)
+VULKAN ?= $(shell pkg-config --exists vulkan SPIRV-Headers 2>/dev/null && command -v glslc >/dev/null && echo 1 || echo 0)
+endif
+GPU := $(if $(filter 1,$(VULKAN)),-DGGML_VULKAN=ON) $(CUDA_FLAGS)
+CMAKE_FLAGS := $(strip $(PORTABLE) $(RPC) $(GPU) $(LLAMA_CMAKE_ARGS))
 # The built wheel is kept in the user's cache, one folder per llama-cpp-python version and
 # build flags (and CPU, for a native build), so every clone on this machine, CI's included,
 # reuses it; a new machine or new flags build from source.

@@ -20,10 +20,12 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 NINJA = re.compile(r"^\s*\[(\d+)/(\d+)\]")  # ninja: [12/345] Building C object ...
@@ -167,6 +169,96 @@ def patch(out: Path) -> None:
             print(f"  {wheel.name}: llama_backend_init loads the build's ggml backends (llama_cpp.Llama works)")
 
 
+# Patches to llama.cpp's source, applied before it is compiled, each only when its backend is in the
+# flags. Each makes code that needs newer system headers than a distribution ships compile with the
+# older ones, behind a version check: with headers new enough, the code compiles as llama.cpp wrote it.
+@dataclass(frozen=True)
+class SourcePatch:
+    flag: str  # the CMake flag that compiles the file, e.g. GGML_VULKAN
+    path: str  # inside the sdist
+    why: str
+    old: str
+    new: str
+
+
+VULKAN_LAYER_SETTINGS_OLD = """    VkBool32 enable_best_practice = layer_settings;
+    std::vector<vk::LayerSettingEXT> settings = {
+        {
+            "VK_LAYER_KHRONOS_validation",
+            "validate_best_practices",
+            vk::LayerSettingTypeEXT::eBool32,
+            1,
+            &enable_best_practice
+        },
+    };
+    vk::LayerSettingsCreateInfoEXT layer_setting_info(settings);
+    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions, &layer_setting_info);
+"""  # noqa: E501 (llama.cpp's line, as it is)
+VULKAN_NO_SETTINGS = (
+    "    vk::InstanceCreateInfo instance_create_info(vk::InstanceCreateFlags{}, &app_info, layers, extensions);\n"
+)
+SOURCE_PATCHES = (
+    SourcePatch(
+        flag="GGML_VULKAN",
+        path="vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp",
+        why=(
+            "vk::LayerSettingEXT needs Vulkan headers >= 1.3.261 (Debian 12 has 1.3.239); with older "
+            "headers the instance is made without the validation layer's best-practices setting"
+        ),
+        old=VULKAN_LAYER_SETTINGS_OLD,
+        new=(
+            "#if VK_HEADER_VERSION >= 261  // edgeinfer: scripts/build_llama_wheel.py\n"
+            + VULKAN_LAYER_SETTINGS_OLD
+            + "#else\n"
+            + VULKAN_NO_SETTINGS
+            + "#endif\n"
+        ),
+    ),
+)
+
+
+def flag_on(cmake_args: str, flag: str) -> bool:
+    """Whether cmake_args sets -Dflag to a true value (CMake's ON, 1, TRUE, YES)."""
+    m = re.findall(rf"-D{flag}(?::BOOL)?=(\S+)", cmake_args, re.IGNORECASE)
+    return bool(m) and m[-1].upper() in ("ON", "1", "TRUE", "YES", "Y")
+
+
+def patch_source(tree: Path, cmake_args: str) -> list[str]:
+    """Apply the SOURCE_PATCHES whose flag is on to an unpacked sdist; the reasons of those applied."""
+    applied = []
+    for sp in SOURCE_PATCHES:
+        if not flag_on(cmake_args, sp.flag):
+            continue
+        path = tree / sp.path
+        text = path.read_text()
+        if sp.new in text:
+            continue
+        if text.count(sp.old) != 1:
+            raise SystemExit(
+                f"{sp.path} no longer holds the code edgeinfer's patch expects ({sp.why}); "
+                "update SOURCE_PATCHES in scripts/build_llama_wheel.py for this llama-cpp-python"
+            )
+        path.write_text(text.replace(sp.old, sp.new))
+        applied.append(f"{sp.path}: {sp.why}")
+    return applied
+
+
+def fetch_source(package: str, into: Path, cmake_args: str, log) -> str:
+    """The package's sdist unpacked under into and patched; the path pip builds. Without a patch to apply,
+    the requirement itself (pip fetches it)."""
+    if not any(flag_on(cmake_args, sp.flag) for sp in SOURCE_PATCHES):
+        return package
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(into), package]
+    subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    (sdist,) = into.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(into, filter="data")
+    (tree,) = (p for p in into.iterdir() if p.is_dir())
+    for reason in patch_source(tree, cmake_args):
+        print(f"  patched {reason}")
+    return str(tree)
+
+
 def build(package: str, out: Path, cmake_args: str, cflags: str, drop: list[str]) -> int:
     if any(out.glob("llama_cpp_python-*.whl")):
         print(f"llama.cpp: using the wheel built before, in {out}")
@@ -184,7 +276,8 @@ def build(package: str, out: Path, cmake_args: str, cflags: str, drop: list[str]
     progress = Progress(sys.stdout.isatty())
     tail: deque[str] = deque(maxlen=40)
     with tempfile.TemporaryDirectory(prefix=f"{out.name}.", dir=out.parent) as tmp, log_path.open("w") as log:
-        cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-cache-dir", "-w", tmp, package]
+        source = fetch_source(package, Path(tmp) / "src", cmake_args, log)
+        cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-cache-dir", "-w", tmp, source]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         try:
@@ -207,6 +300,12 @@ def build(package: str, out: Path, cmake_args: str, cflags: str, drop: list[str]
             print(f"llama.cpp did not build (pip exit status {code}). The log's last lines:", file=sys.stderr)
             print("\n".join(tail), file=sys.stderr)
             print(f"Whole log: {log_path}. A C and C++ compiler are needed (README).", file=sys.stderr)
+            if flag_on(cmake_args, "GGML_VULKAN"):
+                print(
+                    "The Vulkan backend was in the build because its headers and glslc are installed; "
+                    "`make install VULKAN=0` builds without it (docs/gpu.md).",
+                    file=sys.stderr,
+                )
             return 1
         out.mkdir(parents=True, exist_ok=True)
         for wheel in wheels:

@@ -62,16 +62,9 @@ def test_edgeinfer_after_llama_in_one_process_loads_the_backends_once(model_path
 def test_the_wheel_patch_is_applied_once_and_keeps_the_record_true(tmp_path):
     import base64
     import hashlib
-    import importlib.util
     import zipfile
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "build_llama_wheel", Path(__file__).resolve().parent.parent / "scripts" / "build_llama_wheel.py"
-    )
-    assert spec and spec.loader
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = load_build_script()
     wheel = tmp_path / "llama_cpp_python-0-py3-none-any.whl"
     source = b"import ctypes\n_lib = None\ndef llama_backend_init():\n    pass\n"
     with zipfile.ZipFile(wheel, "w") as z:
@@ -93,3 +86,65 @@ def test_the_wheel_patch_is_applied_once_and_keeps_the_record_true(tmp_path):
     with zipfile.ZipFile(plain, "w") as z:
         z.writestr("llama_cpp/llama_cpp.py", source)
     assert not build.load_backends_on_init(plain)
+
+
+def load_build_script():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "build_llama_wheel", Path(__file__).resolve().parent.parent / "scripts" / "build_llama_wheel.py"
+    )
+    assert spec and spec.loader
+    build = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = build  # its dataclasses look their module up
+    spec.loader.exec_module(build)
+    return build
+
+
+@pytest.mark.pure
+def test_the_vulkan_source_patch_applies_only_with_vulkan_and_only_once(tmp_path):
+    build = load_build_script()
+    (sp,) = build.SOURCE_PATCHES
+    src = tmp_path / sp.path
+    src.parent.mkdir(parents=True)
+    original = "void init() {\n" + sp.old + "    create();\n}\n"
+    src.write_text(original)
+    assert build.patch_source(tmp_path, "-DGGML_RPC=ON") == []  # not a Vulkan build: untouched
+    assert build.patch_source(tmp_path, "-DGGML_VULKAN=OFF") == []
+    assert src.read_text() == original
+    (reason,) = build.patch_source(tmp_path, "-DGGML_NATIVE=OFF -DGGML_VULKAN=ON")
+    assert "1.3.261" in reason
+    patched = src.read_text()
+    # The original block compiles with new headers; the old-header branch makes the instance without settings.
+    head, rest = patched.split("#if VK_HEADER_VERSION >= 261", 1)
+    assert head == "void init() {\n" and rest.count(sp.old) == 1
+    assert f"#else\n{build.VULKAN_NO_SETTINGS}#endif\n    create();" in rest
+    assert build.patch_source(tmp_path, "-DGGML_VULKAN=on") == []  # applied already
+    assert src.read_text() == patched
+
+
+@pytest.mark.pure
+def test_a_vulkan_source_that_changed_stops_the_build_with_what_to_update(tmp_path):
+    build = load_build_script()
+    (sp,) = build.SOURCE_PATCHES
+    src = tmp_path / sp.path
+    src.parent.mkdir(parents=True)
+    src.write_text("// llama.cpp rewrote the instance set-up\n")
+    with pytest.raises(SystemExit, match="update SOURCE_PATCHES"):
+        build.patch_source(tmp_path, "-DGGML_VULKAN=1")
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(
+    ("args", "on"),
+    [
+        ("-DGGML_VULKAN=ON", True),
+        ("-DGGML_VULKAN:BOOL=yes", True),
+        ("-DGGML_VULKAN=ON -DGGML_VULKAN=OFF", False),  # the last one wins, as in CMake
+        ("-DGGML_VULKAN_DEBUG=ON", False),
+        ("", False),
+    ],
+)
+def test_flag_on_reads_cmake_booleans(args, on):
+    assert load_build_script().flag_on(args, "GGML_VULKAN") is on
