@@ -24,6 +24,8 @@ KvType = Literal["f16", "q8_0", "q4_0"]
 FlashAttn = Literal["auto", "on", "off"]
 ToolFormatName = Literal["auto", "hermes", "llama3", "mistral", "qwen3-coder", "generic"]
 ReasoningFormat = Literal["auto", "deepseek", "none"]
+# A layer count (-1: all), or "auto": fitted to the GPU's free memory (engine/offload.py).
+GpuLayers = Annotated[int | Literal["auto"], Field(union_mode="left_to_right")]
 
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string
@@ -106,8 +108,14 @@ class EngineConfig(Options):
     ubatch_size: int = Field(512, ge=1, description="Tokens per physical compute pass.")
     threads: int = Field(0, ge=0, description="CPU threads (0: all cores).", json_schema_extra=_cli("-t"))
     threads_batch: int = Field(0, ge=0, description="CPU threads for prompt processing (0: as --threads).")
-    gpu_layers: int = Field(
-        0, ge=-1, description="Layers to offload to the GPU; -1: all.", json_schema_extra=_cli("-ngl")
+    gpu_layers: GpuLayers = Field(
+        "auto",
+        description="Layers to offload to the GPU: auto (as many as its free memory holds, less 1 GiB), a count, "
+        "or -1 for all.",
+        json_schema_extra=_cli("-ngl"),
+    )
+    gpu_memory: int = Field(
+        0, ge=0, description="MiB --gpu-layers auto may fill on the GPU (0: its free memory less 1 GiB)."
     )
     flash_attn: FlashAttn = Field(
         "auto",
@@ -133,6 +141,12 @@ class EngineConfig(Options):
     draft_model: Path | None = Field(None, description="Draft GGUF of the same vocabulary (for --spec draft/auto).")
     spec_max: int = Field(8, ge=1, le=32, description="Draft tokens per stream per step at most.")
     draft_p_min: float = Field(0.5, ge=0.0, lt=1.0, description="A draft model stops below this confidence.")
+    draft_gpu_layers: GpuLayers = Field(
+        "auto",
+        description="The draft model's layers on the GPU: auto (all of them when the target is whole there and "
+        "room remains), a count, or -1 for all.",
+        json_schema_extra=_cli("-ngld"),
+    )
     spec_verify: Literal["match", "rejection"] = Field(
         "match",
         description="How draft-model drafts are checked at temperature > 0: match (the stream's own sampler "
@@ -202,6 +216,19 @@ class EngineConfig(Options):
     @property
     def rpc_endpoints(self) -> list[tuple[str, int]]:
         return parse_endpoints(self.rpc) if self.rpc else []
+
+    @field_validator("gpu_layers", "draft_gpu_layers", mode="before")
+    @classmethod
+    def _layers(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = -2
+        if n < -1 or isinstance(value, float | bool):
+            raise ValueError("a layer count, -1 for all of them, or auto")
+        return n
 
     @field_validator("ctx_size", mode="after")
     @classmethod

@@ -30,16 +30,52 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-def summary(path: Path, size: int | None = None) -> str:
-    """What a GGUF's metadata says, or its one-line error."""
+def summary(path: Path, size: int | None = None, gpus: list[Any] | None = None) -> str:
+    """What a GGUF's metadata says, or its one-line error; with gpus, whether it fits on them."""
     try:
-        return describe(read_gguf(path), size)
+        info = read_gguf(path)
     except EdgeInferError as e:
         return click.style(f"unreadable: {e}", fg="red")
+    return describe(info, size) + (f"; {gpu_fit(info, gpus)}" if gpus else "")
+
+
+def gpu_fit(info: GGUFInfo, gpus: list[Any]) -> str:
+    """How much of a model `serve` would put on these GPUs by default (--gpu-layers auto, its default context)."""
+    from edgeinfer.engine.offload import plan_for
+    from edgeinfer.engine.sizing import sized
+    from edgeinfer.options import EngineConfig
+
+    try:
+        config, _ = sized(EngineConfig(model=info.path))
+        plan = plan_for(config, info, gpus)
+    except EdgeInferError as e:
+        return f"GPU fit unknown ({e})"
+    if plan.layers >= plan.n_layers:
+        kv = f"{config.parallel} x {config.ctx_size // config.parallel} cells of KV"
+        return f"fits the GPU ({plan.need_bytes / 2**20:,.0f} MiB with {kv})"
+    if plan.layers:
+        return f"{plan.layers} of {plan.n_layers} layers fit the GPU"
+    return "runs on the CPU (not one layer fits the GPU)"
+
+
+def gpu_header() -> list[Any]:
+    """This machine's GPUs, said in one line; [] when there are none."""
+    from edgeinfer.engine.offload import local_gpus
+
+    gpus = local_gpus()
+    if gpus:
+        said = ", ".join(
+            f"{g.name} ({g.description}, {g.free / 2**20:,.0f} of {g.total / 2**20:,.0f} MiB free)" for g in gpus
+        )
+        click.echo(click.style(f"GPU: {said}", bold=True))
+    else:
+        click.echo(click.style("no GPU: models run on the CPU", dim=True))
+    return gpus
 
 
 def list_models() -> None:
     """The catalog, then every store's GGUFs by source, then edgeinfer's own folder: what --model takes."""
+    gpus = gpu_header()
     click.echo(click.style("catalog", bold=True) + click.style("  (--model NAME)", dim=True))
     seen: set[Path] = set()
     for entry in load_catalog():
@@ -52,7 +88,7 @@ def list_models() -> None:
         if path is not None and path.exists():
             seen.add(path.resolve())
             click.echo(click.style(f"      present: {path}", fg="green"))
-            click.echo(f"      {summary(path)}")
+            click.echo(f"      {summary(path, gpus=gpus)}")
         else:
             if entry.repo:
                 ref = f"{entry.repo}:{entry.quant}" if entry.quant else entry.repo
@@ -79,7 +115,7 @@ def list_models() -> None:
             if f.problem:
                 click.echo(click.style(f"      cannot run: {f.problem}", fg="red"))
             else:
-                click.echo(f"      {summary(f.path, f.size)}")
+                click.echo(f"      {summary(f.path, f.size, gpus)}")
     if not any(s.found for s in searched):
         where = ", ".join(str(s.root) for s in stores.candidates()) or "nowhere (EDGEINFER_STORES is empty)"
         click.echo(click.style(f"\nno GGUFs in other tools' stores; searched {where}", dim=True))
@@ -89,7 +125,7 @@ def list_models() -> None:
     if not others:
         click.echo(click.style("  none (put .gguf files here, or pass --model PATH)", dim=True))
     for p in others:
-        click.echo(f"  {p.name}: {summary(p)}")
+        click.echo(f"  {p.name}: {summary(p, gpus=gpus)}")
 
 
 def show_model(path: str) -> None:

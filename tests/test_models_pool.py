@@ -66,6 +66,7 @@ class FakeEngine:
     """Enough of an Engine for the pool and /v1/embeddings; `running` stands for streams in flight."""
 
     fatal_error = None
+    offload = None  # no GPU plan: nothing is said at start-up
 
     def __init__(self, mark: float) -> None:
         self.embeddings = _Embeddings(mark)

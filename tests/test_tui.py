@@ -69,8 +69,15 @@ def snapshot(t: float = 1000.0, tps: float = 173.2, **over: Any) -> dict[str, An
             "n_params": 134515008,
             "ctx_size": 8192,
             "parallel": 16,
-            "gpu_layers": 0,
+            "gpu_layers": 31,
             "kv_type": "f16",
+            "gpu": {
+                "device": "Vulkan0 (AMD Radeon RX 7600 (RADV NAVI33))",
+                "layers": 31,
+                "n_layers": 31,
+                "free_bytes": 6_900 << 20,
+                "total_bytes": 8_176 << 20,
+            },
         },
         "requests": {"running": 3, "waiting": 1, "total": 40, "finished": {"stop": 30, "length": 5}},
         "kv": {"layout": "per-seq", "used_cells": 3520, "total_cells": 8192, "cells_per_seq": 512},
@@ -169,7 +176,14 @@ async def test_dashboard_shows_every_figure():
             "spec": "75.0 %",
         }
         model = text_of(app, "#model")
-        for part in ("SmolLM2 135M", "Q4_1", "135M params", "context 8192 cells", "parallel 16", "GPU layers 0"):
+        for part in (
+            "SmolLM2 135M",
+            "Q4_1",
+            "135M params",
+            "context 8192 cells",
+            "parallel 16",
+            "GPU 31/31 layers · 6,900 MiB free",
+        ):
             assert part in model
         bar = app.query_one(KvBar).query_one("ProgressBar")
         assert (bar.progress, bar.total) == (3520, 8192)  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeinfer.engine.stats import DeviceStats, EngineStats, StreamRow
+from edgeinfer.engine.stats import DeviceStats, EngineStats, GpuStats, StreamRow
 
 DASH = "—"  # a figure with no value yet (no request has finished, no speculation configured)
 
@@ -58,9 +58,17 @@ def model_lines(snap: EngineStats) -> list[str]:
         m.name or m.path or "?",
         f"{m.quantization} · {fmt_count(m.n_params)} params · {m.architecture}",
         f"context {m.ctx_size} cells · KV {m.kv_type}",
-        f"parallel {m.parallel} · GPU layers {'all' if m.gpu_layers < 0 else m.gpu_layers} · {threads_text(snap)}",
-        *([device_split(m.devices)] if m.devices else []),
+        f"parallel {m.parallel} · {threads_text(snap)}",
+        *([device_split(m.devices)] if m.devices else [gpu_text(m.gpu)]),
     ]
+
+
+def gpu_text(g: GpuStats) -> str:
+    """'GPU 31/31 layers · 6,900 MiB free' (the card is in the stats and `edgeinfer models`), or 'CPU only'."""
+    if not g.layers:
+        return "CPU only" if g.device == "CPU" else "CPU only (the model does not fit the GPU)"
+    free = f" · {g.free_bytes / 2**20:,.0f} MiB free" if g.total_bytes else ""
+    return f"GPU {g.layers}/{g.n_layers} layers{free}"
 
 
 def threads_text(snap: EngineStats) -> str:

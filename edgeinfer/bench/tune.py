@@ -22,6 +22,7 @@ from edgeinfer.bench.results import RunResult, best
 from edgeinfer.bench.sweep import Progress, run_sweep
 from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.bench.workloads import messages
+from edgeinfer.engine.offload import offloads
 from edgeinfer.options import EngineConfig
 
 MARGIN = 0.05  # a new value must be this much faster than the current one (noise here is about ±3%)
@@ -60,7 +61,7 @@ def candidates(config: EngineConfig, cpus: int | None = None) -> dict[str, list[
     threads = sorted({cpus, max(1, cpus // 2), max(1, cpus - 1)}, reverse=True)
     return {
         "threads": threads,
-        "batch_size": [512, 256, 1024] if config.gpu_layers == 0 else [512, 1024, 2048],
+        "batch_size": [512, 1024, 2048] if offloads(config) else [512, 256, 1024],
         "kv_type": ["f16", "q8_0"],
         "kv_layout": ["per-seq", "unified"],
         "spec": ["off", "auto"],

@@ -88,6 +88,8 @@ def chat(system: str | None, socket_path: str | None, api_key: str | None, resum
     config.parallel = min(config.parallel or 2, 2)  # one conversation at a time
     click.echo(click.style(f"loading model... (KV: {kv_summary(config)})", dim=True), err=True)
     engine = make_engine(config)
+    if engine.offload is not None and engine.offload.gpus:
+        click.echo(click.style(engine.offload.line(), dim=True), err=True)
     try:
         chat_loop(EngineBackend(engine), system, params, history, history_path())
     finally:

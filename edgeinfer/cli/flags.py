@@ -34,8 +34,29 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
+class IntOrWord(click.ParamType):
+    """An integer, or one of some words: --gpu-layers auto."""
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self.words = words
+        self.name = "|".join([*words, "N"])
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) or value in self.words:
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a whole number or {' or '.join(self.words)}", param, ctx)
+
+
 def _click_type(annotation: Any) -> Any:
     base = _base_type(annotation)
+    if typing.get_origin(base) in (typing.Union, types.UnionType):
+        args = typing.get_args(base)
+        words = [w for a in args if typing.get_origin(a) is Literal for w in typing.get_args(a)]
+        if int in args and len(args) == 2 and words:
+            return IntOrWord(tuple(str(w) for w in words))
     if typing.get_origin(base) is Literal:
         return click.Choice([str(x) for x in typing.get_args(base)])
     if base is Path:

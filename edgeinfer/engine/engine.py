@@ -23,6 +23,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from edgeinfer.engine import faults
@@ -33,11 +34,20 @@ from edgeinfer.engine.grammar import GrammarFailed, Grammars, next_tokens
 from edgeinfer.engine.handle import StreamHandle
 from edgeinfer.engine.kvcache import ContextKv, make_store
 from edgeinfer.engine.metrics import Metrics
+from edgeinfer.engine.offload import Offload, gpus_free, local_gpus, plan_for
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.sampling import logprob, make_sampler
 from edgeinfer.engine.scheduler import Scheduler
 from edgeinfer.engine.sizing import sized
-from edgeinfer.engine.stats import EngineStats, EngineView, SpeculationStats, build_stats, model_stats
+from edgeinfer.engine.stats import (
+    EngineStats,
+    EngineView,
+    GpuStats,
+    SpeculationStats,
+    build_stats,
+    gpu_stats,
+    model_stats,
+)
 from edgeinfer.engine.step import BatchItem, StepOutput, StepPlan
 from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.engine.template import ChatTemplate
@@ -72,10 +82,19 @@ class Engine:
         """show: texts (the tags of tool calls and thinking) that this vocabulary may hold as special tokens, to be
         shown as their text so that the answer's parsers see them (llama.cpp renders a control token as nothing)."""
         config, self.sizing = sized(config)  # --ctx-size 0 and --parallel 0 decided from the model and memory
+        info = read_gguf(config.model)
+        placement = place_for(config, info) if config.rpc else None
+        # --gpu-layers auto decided from the GPU's free memory (the workers' split decides with --rpc).
+        self.offload: Offload | None = None if placement else plan_for(config, info)
+        if placement is not None:
+            config = config.replace(gpu_layers=placement.n_gpu_layers, draft_gpu_layers=placement.n_gpu_layers)
+        else:
+            assert self.offload is not None
+            config = config.replace(gpu_layers=self.offload.layers, draft_gpu_layers=self.offload.draft_layers)
         self.config = config
         self.model_path = config.model
-        placement = place_for(config, read_gguf(config.model)) if config.rpc else None
-        self.model = Model(config.model, gpu_layers=config.gpu_layers, placement=placement)
+        free_before = gpus_free() if self.offload and self.offload.layers else None
+        self.model = Model(config.model, gpu_layers=int(config.gpu_layers), placement=placement)
         ctx_params = ContextParams(
             n_ctx=config.ctx_size,
             n_batch=config.batch_size,
@@ -98,6 +117,8 @@ class Engine:
                 self.ctx.close()
             self.model.close()
             raise
+        if free_before is not None and self.offload is not None:  # what the load took, beside the estimate
+            self.offload = replace(self.offload, measured_bytes=max(0, free_before - gpus_free()))
         self.vocab = self.model.vocab
         self.vocab.show(list(show))
         self.template = ChatTemplate.for_model(self.model)
@@ -274,12 +295,17 @@ class Engine:
         with self.lock:
             return build_stats(self._view())
 
+    def _gpu_stats(self) -> GpuStats:
+        """The offload, with the GPUs' free memory read now (nothing to read when no layer is there)."""
+        offload = self.offload
+        return gpu_stats(offload, local_gpus() if offload is not None and offload.gpus else [])
+
     def _view(self) -> EngineView:
         """What the stats are made of; the caller holds the lock."""
         speculator = self.speculator
         return EngineView(
             config=self.config,
-            model=self._model_stats,
+            model=self._model_stats.model_copy(update={"gpu": self._gpu_stats()}),
             n_ctx=self.n_ctx,
             n_ctx_seq=self.ctx.n_ctx_seq,
             sched=self.sched,

@@ -58,6 +58,11 @@ def ram_bytes() -> int:
 
 def cell_bytes(metadata: dict[str, Any], kv_type: str) -> int:
     """KV bytes per cell of one stream: keys and values of every layer (0 when the GGUF says too little)."""
+    return sum(layer_cell_bytes(metadata, kv_type))
+
+
+def layer_cell_bytes(metadata: dict[str, Any], kv_type: str) -> list[int]:
+    """KV bytes per cell of each layer (empty when the GGUF says too little)."""
     arch = metadata.get("general.architecture", "")
     layers = int(metadata.get(f"{arch}.block_count", 0) or 0)
     heads = metadata.get(f"{arch}.attention.head_count", 0) or 0
@@ -68,8 +73,8 @@ def cell_bytes(metadata: dict[str, Any], kv_type: str) -> int:
     v = int(metadata.get(f"{arch}.attention.value_length", head_dim) or head_dim)
     # head_count_kv may be one figure, or one per layer (0 for a layer without attention).
     per_layer = list(kv_heads) if isinstance(kv_heads, list | tuple) else [int(kv_heads)] * layers
-    elements = sum(h * (k + v) for h in per_layer)
-    return int(elements * ELEMENT_BYTES.get(kv_type, 2.0))
+    element = ELEMENT_BYTES.get(kv_type, 2.0)
+    return [int(h * (k + v) * element) for h in per_layer]
 
 
 def size(

@@ -21,6 +21,7 @@ from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.options import EngineConfig
 
 if TYPE_CHECKING:
+    from edgeinfer.engine.offload import Gpu, Offload
     from edgeinfer.llamacpp import Model
 
 
@@ -37,6 +38,27 @@ class DeviceStats(_Stats):
     weight_bytes: int
 
 
+class GpuStats(_Stats):
+    """Where --gpu-layers put a model's layers, and the GPU's memory (engine/offload.py)."""
+
+    device: str = "CPU"  # the GPU(s) by ggml's name and the card's, or "CPU" when nothing is offloaded
+    layers: int = 0  # layers on the GPU
+    n_layers: int = 0  # layers that can go there: the repeating ones and the output layer
+    planned_bytes: int = 0  # the estimate before the load: weights, KV and compute buffer (and the draft's)
+    kv_bytes: int = 0  # of which the KV cache
+    measured_bytes: int | None = None  # what the GPU's free memory fell by over the load
+    free_bytes: int = 0  # the GPU's free memory, read with the stats
+    total_bytes: int = 0
+    draft_layers: int = 0  # the draft model's layers on the GPU (-1: all)
+    auto: bool = True  # fitted by --gpu-layers auto (False: a count given by hand)
+    reason: str = ""  # why the CPU, or why not every layer
+
+    @property
+    def fits(self) -> bool:
+        """The whole model is on the GPU."""
+        return self.n_layers > 0 and self.layers >= self.n_layers
+
+
 class ModelStats(_Stats):
     name: str = ""
     path: str = ""
@@ -48,6 +70,7 @@ class ModelStats(_Stats):
     gpu_layers: int = 0
     kv_type: str = "?"
     devices: list[DeviceStats] = []  # with --rpc: which device holds how many layers
+    gpu: GpuStats = GpuStats()  # without --rpc: the GPU offload
 
 
 class RequestStats(_Stats):
@@ -221,6 +244,25 @@ class EngineView:
     threads: int  # CPU threads of the last decode
     threads_max: int  # the cores, or the user's --threads
     thread_changes: int | None  # times the fitted count changed; None where the user fixed it
+
+
+def gpu_stats(offload: Offload | None, now: list[Gpu]) -> GpuStats:
+    """The offload plan with the GPUs' memory now."""
+    if offload is None:
+        return GpuStats()
+    return GpuStats(
+        device=offload.device,
+        layers=offload.layers,
+        n_layers=offload.n_layers,
+        planned_bytes=offload.need_bytes,
+        kv_bytes=offload.kv_bytes,
+        measured_bytes=offload.measured_bytes,
+        free_bytes=sum(g.free for g in now),
+        total_bytes=sum(g.total for g in now),
+        draft_layers=offload.draft_layers,
+        auto=offload.auto,
+        reason=offload.reason,
+    )
 
 
 def model_stats(config: EngineConfig, model: Model, n_ctx: int) -> ModelStats:

@@ -37,10 +37,13 @@ FLASH_ATTN = {
 }
 
 
-def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int) -> str:
+def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int | str) -> str:
     """--flash-attn auto: "off" on the CPU (llama.cpp's auto turns it on there, and its CPU kernel
     halves decode speed at ~1,000-token contexts: scripts/flash_attn.py); llama.cpp's choice on a
-    GPU, or with a quantized KV cache, which needs it."""
+    GPU, or with a quantized KV cache, which needs it. gpu_layers "auto" counts as on a GPU when
+    there is one."""
+    if setting == "auto" and gpu_layers != 0:
+        init_backend()  # the devices are known once the backends are loaded
     on_gpu = gpu_layers != 0 and ggml.has_gpu()
     return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
 

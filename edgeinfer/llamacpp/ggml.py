@@ -76,8 +76,33 @@ def cpu_variants(lib_dir: Path) -> list[str]:
     return [name for _, name in sorted(scored)]
 
 
+# A CUDA build made with NVIDIA's compiler from PyPI (scripts/cuda_toolchain.sh, `make install CUDA=1`) links
+# the CUDA runtime and cuBLAS of that toolkit, which is not on the loader's path: loaded here first, by full
+# path, the CUDA backend's own load finds them (the loader matches a loaded library by its soname).
+CUDA_TOOLKIT_LIBS = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgeinfer/cuda-13/nvidia/cu13/lib"
+)
+CUDA_RUNTIME = ("libcudart.so.*", "libcublasLt.so.*", "libcublas.so.*")
+
+
+def preload_cuda_runtime(lib_dir: Path, toolkit_libs: Path = CUDA_TOOLKIT_LIBS) -> list[str]:
+    """With a CUDA backend in lib_dir, load the PyPI toolkit's runtime libraries it needs; those loaded."""
+    if not (lib_dir / "libggml-cuda.so").is_file() or not toolkit_libs.is_dir():
+        return []
+    loaded = []
+    for pattern in CUDA_RUNTIME:
+        for path in sorted(toolkit_libs.glob(pattern))[:1]:
+            try:
+                ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+                loaded.append(path.name)
+            except OSError:
+                pass  # the system's CUDA, if any, is found the usual way
+    return loaded
+
+
 def load_backends(lib_dir: Path, cpu_variant: str | None) -> None:
     """Load the build's backends from lib_dir: the best of each, or the named CPU variant and the rest."""
+    preload_cuda_runtime(lib_dir)
     if not cpu_variant:
         lib().ggml_backend_load_all_from_path(str(lib_dir).encode())
         return
@@ -110,6 +135,10 @@ def loaded_cpu_variant() -> str | None:
 
 def device_name(dev: int) -> str:
     return (lib().ggml_backend_dev_name(dev) or b"?").decode()
+
+
+def device_description(dev: int) -> str:
+    return (lib().ggml_backend_dev_description(dev) or b"?").decode(errors="replace")
 
 
 def device_memory(dev: int) -> tuple[int, int]:

@@ -87,6 +87,17 @@ def _families(snap: EngineStats, m: Any) -> Iterator[Metric]:
             weights.add_metric([d.device, d.where], d.weight_bytes)
         yield layers
         yield weights
+    gpu = snap.model.gpu
+    yield GaugeMetricFamily("edgeinfer_gpu_layers", "Model layers on the GPU (--gpu-layers).", value=gpu.layers)
+    yield GaugeMetricFamily("edgeinfer_gpu_layers_total", "Model layers that can go on a GPU.", value=gpu.n_layers)
+    if gpu.layers:
+        yield GaugeMetricFamily(
+            "edgeinfer_gpu_planned_bytes", "GPU bytes planned for the model before its load.", value=gpu.planned_bytes
+        )
+        if gpu.measured_bytes is not None:
+            yield GaugeMetricFamily("edgeinfer_gpu_load_bytes", "GPU memory the load took.", value=gpu.measured_bytes)
+        yield GaugeMetricFamily("edgeinfer_gpu_memory_free_bytes", "The GPU's free memory.", value=gpu.free_bytes)
+        yield GaugeMetricFamily("edgeinfer_gpu_memory_total_bytes", "The GPU's memory.", value=gpu.total_bytes)
     yield GaugeMetricFamily("edgeinfer_kv_cells_used", "KV cells reserved or kept.", value=kv.used_cells)
     yield GaugeMetricFamily("edgeinfer_kv_cells_total", "KV cells in the context.", value=kv.total_cells)
     yield GaugeMetricFamily("edgeinfer_kv_usage_ratio", "Share of KV cells in use.", value=kv.usage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -80,10 +81,13 @@ class ServerState:
         return self.shutdown_at + self.grace_s - time.monotonic()
 
     def load(self) -> None:
-        """The default model's first load, at startup; the others load on their first request."""
+        """The default model's first load, at startup; the others load on their first request. Where its layers
+        went is the start-up's last line (engine/offload.py)."""
         slot = self.pool.load_now()
         self.load_error = slot.error
         self.loaded_once = True
+        if slot.engine is not None and slot.engine.offload is not None:
+            print(f"edgeinfer: {slot.engine.offload.line()}", file=sys.stderr, flush=True)
 
     def ready(self) -> Engine:
         """The default model's engine, for routes that name no model; EngineClosedError while it is not loaded."""

@@ -67,8 +67,10 @@ def check_vocab(target: Model, draft: Model) -> None:
 class DraftModel:
     """Owns the draft model, its context and its per-sequence record of what its KV holds."""
 
-    def __init__(self, path: Path, target: Model, params: ContextParams, p_min: float = 0.5) -> None:
-        self.model = Model(path, gpu_layers=target.gpu_layers)
+    def __init__(
+        self, path: Path, target: Model, params: ContextParams, p_min: float = 0.5, gpu_layers: int = 0
+    ) -> None:
+        self.model = Model(path, gpu_layers=gpu_layers)
         try:
             check_vocab(target, self.model)
             self.ctx = Context(self.model, params)

@@ -27,7 +27,8 @@ from edgeinfer.speculative.verify import sampling_probs, verify_greedy, verify_r
 def _draft_model(config: EngineConfig, target: Model, params: ContextParams) -> Drafter | None:
     if config.draft_model is None or config.spec == "ngram":
         return None
-    return ModelDrafter(DraftModel(config.draft_model, target, params, config.draft_p_min))
+    layers = config.draft_gpu_layers if isinstance(config.draft_gpu_layers, int) else 0  # the engine decides auto
+    return ModelDrafter(DraftModel(config.draft_model, target, params, config.draft_p_min, layers))
 
 
 def _ngram(config: EngineConfig, target: Model, params: ContextParams) -> Drafter:
