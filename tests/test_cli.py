@@ -203,5 +203,5 @@ def test_flash_attention_auto_is_off_on_the_cpu_and_said_so():
     assert resolve_flash_attn("auto", "f16", 0) == "off"
     assert resolve_flash_attn("on", "f16", 0) == "on"
     assert resolve_flash_attn("auto", "q8_0", 0) == "auto"  # a quantized V cache needs it
-    assert "flash attention off (auto, CPU only)" in kv_summary(EngineConfig())
+    assert "flash attention off (auto: off on the CPU and on Vulkan)" in kv_summary(EngineConfig())
     assert kv_summary(EngineConfig(flash_attn="on")).endswith("flash attention on")

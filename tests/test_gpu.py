@@ -74,7 +74,7 @@ def gpu_server(device, tmp_path_factory):
     sock = tmp_path_factory.mktemp("gpu") / "edgeinfer.sock"
     cmd = [
         sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--ctx-size", "2048",
-        "--parallel", "2", "--spec", "ngram", "--flash-attn", "off",
+        "--parallel", "2", "--spec", "ngram",
     ]  # fmt: skip
     err = sock.parent / "stderr.txt"
     with err.open("w") as stderr:
@@ -180,7 +180,7 @@ def test_a_draft_model_on_the_device(device, model_path):
     # The default model drafts for itself, both on the device (--draft-gpu-layers auto puts the draft there
     # beside a whole target): every draft is accepted unless the two contexts round apart.
     out = generate(
-        "--spec", "draft", "--draft-model", str(model_path), "--flash-attn", "off", "--ctx-size", "1024",
+        "--spec", "draft", "--draft-model", str(model_path), "--ctx-size", "1024",
         "--max-tokens", "4", "--spec-max", "3", HELLO[0]["content"],
     )  # fmt: skip
     (c,) = out["completions"]

@@ -156,3 +156,16 @@ def test_a_cuda_build_from_pypi_loads_that_toolkits_runtime_first(tmp_path):
     (lib_dir / "libggml-cuda.so").write_bytes(b"")
     assert preload_cuda_runtime(lib_dir, toolkit) == ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13"]
     assert preload_cuda_runtime(lib_dir, tmp_path / "none") == []  # a system toolkit: found the usual way
+
+
+def test_flash_attention_auto_stays_off_on_vulkan_where_speculation_crashes_it(monkeypatch):
+    from edgeinfer.llamacpp import core, ggml
+
+    monkeypatch.setattr(ggml, "local_gpus", lambda: [1])
+    monkeypatch.setattr(ggml, "device_name", lambda dev: "Vulkan0")
+    assert core.resolve_flash_attn("auto", "f16", "auto") == "off"
+    assert core.resolve_flash_attn("auto", "q8_0", -1) == "auto"  # a quantized cache needs it
+    assert core.resolve_flash_attn("on", "f16", -1) == "on"  # asked for by hand
+    monkeypatch.setattr(ggml, "device_name", lambda dev: "CUDA0")
+    assert core.resolve_flash_attn("auto", "f16", -1) == "auto"  # llama.cpp's choice on other GPUs
+    assert core.resolve_flash_attn("auto", "f16", 0) == "off"  # no layer on the GPU

@@ -111,7 +111,7 @@ def kv_summary(config: EngineConfig) -> str:
 
     config, s = sized(config)
     fa = resolve_flash_attn(config.flash_attn, config.kv_type, config.gpu_layers)
-    attention = f"flash attention {fa}" + (" (auto, CPU only)" if fa != config.flash_attn else "")
+    attention = f"flash attention {fa}" + (" (auto: off on the CPU and on Vulkan)" if fa != config.flash_attn else "")
     memory = f"about {s.kv_bytes / 2**20:,.0f} MiB"
     if config.kv_layout == "unified":
         cells = pad(config.ctx_size)

@@ -40,11 +40,16 @@ FLASH_ATTN = {
 def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int | str) -> str:
     """--flash-attn auto: "off" on the CPU (llama.cpp's auto turns it on there, and its CPU kernel
     halves decode speed at ~1,000-token contexts: scripts/flash_attn.py); llama.cpp's choice on a
-    GPU, or with a quantized KV cache, which needs it. gpu_layers "auto" counts as on a GPU when
-    there is one."""
+    GPU other than Vulkan's (below), or with a quantized KV cache, which needs it. gpu_layers "auto" counts
+    as on a GPU when there is one."""
     if setting == "auto" and gpu_layers != 0:
         init_backend()  # the devices are known once the backends are loaded
-    on_gpu = gpu_layers != 0 and ggml.has_gpu()
+    gpus = ggml.local_gpus() if gpu_layers != 0 else []
+    # Vulkan: with flash attention, a batch of several rows with logits right after a one-row decode (what
+    # speculation sends) crashes this llama.cpp's Vulkan backend (scripts/vulkan_fa_repro.py, seen on Mesa's
+    # software device; llama.cpp issue 27314 reports a Vulkan flash-attention segfault on a Radeon card), so
+    # auto leaves it off there too, unless a quantized KV cache needs it.
+    on_gpu = bool(gpus) and not all(ggml.device_name(d).startswith("Vulkan") for d in gpus)
     return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
 
 
