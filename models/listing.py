@@ -50,11 +50,11 @@ def gpu_fit(info: GGUFInfo, gpus: list[Any]) -> str:
         plan = plan_for(config, info, gpus)
     except EdgeInferError as e:
         return f"GPU fit unknown ({e})"
+    kv = f"{config.parallel} x {config.ctx_size // config.parallel} cells of KV"
     if plan.layers >= plan.n_layers:
-        kv = f"{config.parallel} x {config.ctx_size // config.parallel} cells of KV"
         return f"fits the GPU ({plan.need_bytes / 2**20:,.0f} MiB with {kv})"
     if plan.layers:
-        return f"{plan.layers} of {plan.n_layers} layers fit the GPU"
+        return f"{plan.layers} of {plan.n_layers} layers fit the GPU (with {kv}; fewer streams or cells fit more)"
     return "runs on the CPU (not one layer fits the GPU)"
 
 

@@ -169,3 +169,13 @@ def test_flash_attention_auto_stays_off_on_vulkan_where_speculation_crashes_it(m
     monkeypatch.setattr(ggml, "device_name", lambda dev: "CUDA0")
     assert core.resolve_flash_attn("auto", "f16", -1) == "auto"  # llama.cpp's choice on other GPUs
     assert core.resolve_flash_attn("auto", "f16", 0) == "off"  # no layer on the GPU
+
+
+def test_models_says_whether_each_model_fits_the_gpu(model_path):
+    from edgeinfer.models.listing import gpu_fit
+
+    info = read_gguf(model_path)
+    assert gpu_fit(info, [gpu(24 * GIB)]).startswith("fits the GPU (")
+    part = gpu_fit(info, [gpu(MARGIN_BYTES + 200 * MIB)])  # serve's defaults: streams of 8192 cells, 180 MiB each
+    assert " of 31 layers fit the GPU (with " in part and " x 8192 cells of KV" in part, part
+    assert gpu_fit(info, [gpu(MARGIN_BYTES)]) == "runs on the CPU (not one layer fits the GPU)"
