@@ -179,3 +179,30 @@ def test_models_says_whether_each_model_fits_the_gpu(model_path):
     part = gpu_fit(info, [gpu(MARGIN_BYTES + 600 * MIB)])  # serve's defaults: streams of 8192 cells
     assert " of 31 layers fit the GPU (with " in part and " x 8192 cells of KV" in part, part
     assert gpu_fit(info, [gpu(MARGIN_BYTES)]) == "runs on the CPU (not one layer fits the GPU)"
+
+
+@pytest.mark.model
+def test_a_gpu_load_that_fails_falls_back_to_the_cpu_and_says_why(model_path, monkeypatch):
+    from edgeinfer.engine import engine as engine_module
+    from edgeinfer.errors import ModelLoadError
+    from edgeinfer.runtime import make_engine
+
+    planned = fit([gpu(8 * GIB)], LAYERS, KV, COMPUTE)  # a plan for every layer on a GPU this machine lacks
+    monkeypatch.setattr(engine_module, "plan_for", lambda config, info: planned)
+    monkeypatch.setattr(engine_module, "gpus_free", lambda: 8 * GIB)
+    real_context = engine_module.Context
+
+    def context(model, params):  # the GPU's KV cache does not fit after all
+        if model.gpu_layers:
+            raise ModelLoadError("failed to allocate the KV cache on Vulkan0")
+        return real_context(model, params)
+
+    monkeypatch.setattr(engine_module, "Context", context)
+    eng = make_engine(EngineConfig(model=model_path, parallel=1, ctx_size=512, spec="off"))
+    try:
+        assert eng.config.gpu_layers == 0 and eng.model.gpu_layers == 0
+        assert eng.offload is not None and eng.offload.layers == 0
+        assert "the load on the GPU failed (failed to allocate the KV cache on Vulkan0)" in eng.offload.line()
+        assert eng.snapshot().model.gpu.layers == 0
+    finally:
+        eng.close()

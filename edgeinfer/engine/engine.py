@@ -53,7 +53,7 @@ from edgeinfer.engine.stream import Status, Stream
 from edgeinfer.engine.template import ChatTemplate
 from edgeinfer.engine.text import TextStream
 from edgeinfer.engine.threads import ThreadTuner
-from edgeinfer.errors import EngineClosedError, EngineFailedError
+from edgeinfer.errors import EdgeInferError, EngineClosedError, EngineFailedError
 from edgeinfer.events import Finish
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model, on_abort, wedged
 from edgeinfer.llamacpp.rpc import place_for
@@ -94,7 +94,6 @@ class Engine:
         self.config = config
         self.model_path = config.model
         free_before = gpus_free() if self.offload and self.offload.layers else None
-        self.model = Model(config.model, gpu_layers=int(config.gpu_layers), placement=placement)
         ctx_params = ContextParams(
             n_ctx=config.ctx_size,
             n_batch=config.batch_size,
@@ -109,14 +108,20 @@ class Engine:
         self.speculator: Speculator | None = None
         self.speculation_error: str | None = None
         try:
-            self.ctx = Context(self.model, ctx_params)
-            if config.spec != "off":
-                self.speculator = Speculator(config, self.model, ctx_params, self.ctx.batch_invariant)
-        except BaseException:
-            if getattr(self, "ctx", None) is not None:
-                self.ctx.close()
-            self.model.close()
-            raise
+            self._load(config, placement, ctx_params)
+        except EdgeInferError as e:
+            # An estimate that was short (another program took the memory meanwhile, a driver that reserves
+            # more): with auto, the CPU runs the model instead, and the plan says why.
+            if self.offload is None or not self.offload.auto or not self.offload.layers:
+                raise
+            self.offload = replace(
+                self.offload, layers=0, weight_bytes=0, kv_bytes=0, compute_bytes=0, draft_layers=0, draft_bytes=0,
+                reason=f"the load on the GPU failed ({e}); the CPU runs every layer",
+            )  # fmt: skip
+            free_before = None
+            config = config.replace(gpu_layers=0, draft_gpu_layers=0)
+            self.config = config
+            self._load(config, placement, ctx_params)
         if free_before is not None and self.offload is not None:  # what the load took, beside the estimate
             self.offload = replace(self.offload, measured_bytes=max(0, free_before - gpus_free()))
         self.vocab = self.model.vocab
@@ -294,6 +299,21 @@ class Engine:
         """The engine now: model, load, KV, rates, latencies, speculation, streams."""
         with self.lock:
             return build_stats(self._view())
+
+    def _load(self, config: EngineConfig, placement: Any, ctx_params: ContextParams) -> None:
+        """Load the model, its context and the speculator (the draft model's context too), or close what was
+        made and raise."""
+        model = Model(config.model, gpu_layers=int(config.gpu_layers), placement=placement)
+        ctx: Context | None = None
+        try:
+            ctx = Context(model, ctx_params)
+            speculator = Speculator(config, model, ctx_params, ctx.batch_invariant) if config.spec != "off" else None
+        except BaseException:
+            if ctx is not None:
+                ctx.close()
+            model.close()
+            raise
+        self.model, self.ctx, self.speculator = model, ctx, speculator
 
     def _gpu_stats(self) -> GpuStats:
         """The offload, with the GPUs' free memory read now (nothing to read when no layer is there)."""
