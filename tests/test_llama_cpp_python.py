@@ -102,14 +102,21 @@ def load_build_script():
     return build
 
 
-@pytest.mark.pure
-def test_the_vulkan_source_patch_applies_only_with_vulkan_and_only_once(tmp_path):
+def vulkan_source(tmp_path, text_of):
+    """The build script, its Vulkan patch, and ggml-vulkan.cpp in an sdist tree under tmp_path holding
+    text_of(patch)."""
     build = load_build_script()
     (sp,) = build.SOURCE_PATCHES
     src = tmp_path / sp.path
     src.parent.mkdir(parents=True)
-    original = "void init() {\n" + sp.old + "    create();\n}\n"
-    src.write_text(original)
+    src.write_text(text_of(sp))
+    return build, sp, src
+
+
+@pytest.mark.pure
+def test_the_vulkan_source_patch_applies_only_with_vulkan_and_only_once(tmp_path):
+    build, sp, src = vulkan_source(tmp_path, lambda sp: "void init() {\n" + sp.old + "    create();\n}\n")
+    original = src.read_text()
     assert build.patch_source(tmp_path, "-DGGML_RPC=ON") == []  # not a Vulkan build: untouched
     assert build.patch_source(tmp_path, "-DGGML_VULKAN=OFF") == []
     assert src.read_text() == original
@@ -126,11 +133,7 @@ def test_the_vulkan_source_patch_applies_only_with_vulkan_and_only_once(tmp_path
 
 @pytest.mark.pure
 def test_a_vulkan_source_that_changed_stops_the_build_with_what_to_update(tmp_path):
-    build = load_build_script()
-    (sp,) = build.SOURCE_PATCHES
-    src = tmp_path / sp.path
-    src.parent.mkdir(parents=True)
-    src.write_text("// llama.cpp rewrote the instance set-up\n")
+    build, _, _ = vulkan_source(tmp_path, lambda sp: "// llama.cpp rewrote the instance set-up\n")
     with pytest.raises(SystemExit, match="update SOURCE_PATCHES"):
         build.patch_source(tmp_path, "-DGGML_VULKAN=1")
 
