@@ -26,7 +26,8 @@ RPC := -DGGML_RPC=ON
 CUDA ?= 0
 ifeq ($(CUDA),1)
 VULKAN ?= 0
-CUDA_FLAGS := $(shell PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/cuda_toolchain.sh --cmake-args)
+# Make passes its command line's variables to recipes, not to $(shell): hand the list on by name.
+CUDA_FLAGS := $(shell CUDA_ARCHITECTURES='$(CUDA_ARCHITECTURES)' PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/cuda_toolchain.sh --cmake-args)
 ifeq ($(CUDA_FLAGS),)
 $(error CUDA=1: scripts/cuda_toolchain.sh could not install NVIDIA's compiler from PyPI (its message is above))
 endif

@@ -9,8 +9,11 @@ wrappers) would: nothing of edgeinfer is imported there first.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +154,40 @@ def test_a_vulkan_source_that_changed_stops_the_build_with_what_to_update(tmp_pa
 )
 def test_flag_on_reads_cmake_booleans(args, on):
     assert load_build_script().flag_on(args, "GGML_VULKAN") is on
+
+
+def make_install_flags(tmp_path, *args: str) -> tuple[list[str], str]:
+    """What `make install` would build (`make -n`) against a stand-in CUDA toolkit: its CMake flags and wheel folder."""
+    nvcc = tmp_path / "edgeinfer/cuda-13/nvidia/cu13/bin/nvcc"
+    if not nvcc.exists():
+        nvcc.parent.mkdir(parents=True)
+        nvcc.write_text("#!/bin/sh\n")
+        nvcc.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_ARCHITECTURES", "MAKEFLAGS")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        ["make", "-n", "-C", str(root), "install", "VENV=" + str(tmp_path / "venv"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    flags = re.search(r'--cmake-args "([^"]*)"', done.stdout)
+    out = re.search(r'--out "([^"]*)"', done.stdout)
+    assert flags and out, done.stdout
+    return flags[1].split(), out[1]
+
+
+@pytest.mark.pure
+def test_make_install_cuda_takes_the_architectures_from_its_command_line_or_the_environment(tmp_path):
+    default, default_wheel = make_install_flags(tmp_path, "CUDA=1")
+    assert "-DGGML_CUDA=ON" in default and "-DGGML_VULKAN=ON" not in default
+    assert "-DCMAKE_CUDA_ARCHITECTURES=75-virtual;86-real;89-real;120a-real" in default
+    # `make install CUDA=1 CUDA_ARCHITECTURES=90-real`: make hands command-line variables to recipes
+    # but not to $(shell), so the Makefile must pass the list on itself.
+    named, named_wheel = make_install_flags(tmp_path, "CUDA=1", "CUDA_ARCHITECTURES=90-real")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in named
+    assert named_wheel != default_wheel  # another list is another wheel in the cache
+    assert "-DGGML_CUDA=ON" not in make_install_flags(tmp_path, "VULKAN=0")[0]
