@@ -664,3 +664,46 @@ def test_bench_any_openai_endpoint_by_url(tmp_path):
     assert "WARNING" in warning and "--api-key" in warning
     gone = CliRunner().invoke(main, ["bench", "--url", url, "--concurrency", "1", "--max-tokens", "4"])
     assert gone.exit_code != 0 and "nothing answers at" in gone.output and "Traceback" not in gone.output
+
+
+def test_a_server_stopped_in_this_process_leaves_the_next_ones_streams_alone(tmp_path, model_path):
+    """Defect: sse-starlette notes every uvicorn shutdown in one process-wide flag that nothing resets, so
+    after one in-process server stopped (`serve --dashboard` quit, a test's server), every stats stream of
+    the next server ended after its first snapshot, and its chat streams were cut at the grace's end."""
+    from edgeinfer.options import EngineConfig
+    from edgeinfer.server.app import make_server
+    from edgeinfer.server.listen import serve
+
+    config = EngineConfig(model=model_path, parallel=1, ctx_size=1024, threads=1, threads_batch=1)
+
+    def until_up(sock) -> httpx.Client:
+        http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x", timeout=60)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if http.get("/health").status_code == 200:
+                    return http
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the in-process server did not come up"
+            time.sleep(0.05)
+
+    first = tmp_path / "a.sock"
+    serve(make_server(config), first, None, grace_s=1, foreground=lambda: until_up(first).close())
+    snapshots: list[str] = []
+
+    def read_stats() -> None:
+        http = until_up(second)
+        try:
+            with http.stream("GET", "/v1/edgeinfer/stats/stream", params={"interval": 0.1}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        snapshots.append(line)
+                        if len(snapshots) == 20:
+                            return
+        finally:
+            http.close()
+
+    second = tmp_path / "b.sock"
+    serve(make_server(config), second, None, grace_s=1, foreground=read_stats)
+    assert len(snapshots) == 20, f"the stats stream ended after {len(snapshots)} snapshots"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -67,7 +66,8 @@ async def stats_stream(request: Request, interval: float = 1.0, model: str | Non
         snap = first
         while True:
             yield {"data": json.dumps(snap)}
-            await asyncio.sleep(interval)
+            if not await state.sleep_unless_shutting_down(interval):
+                return  # the server is stopping: a dashboard reconnects, or says it is gone
             try:
                 snap = _stats(state, model)
             except EdgeInferError:  # the model was unloaded: the stream ends; reconnecting says why (a 503)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import sys
 import time
@@ -79,6 +80,16 @@ class ServerState:
         if self.shutdown_at is None:
             return None
         return self.shutdown_at + self.grace_s - time.monotonic()
+
+    async def sleep_unless_shutting_down(self, seconds: float, poll_s: float = 0.2) -> bool:
+        """Sleep for seconds; False as soon as the server begins to shut down (looked at every poll_s)."""
+        end = time.monotonic() + seconds
+        while self.shutdown_at is None:
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            await asyncio.sleep(min(left, poll_s))
+        return False
 
     def load(self) -> None:
         """The default model's first load, at startup; the others load on their first request. Where its layers

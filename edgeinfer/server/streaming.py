@@ -91,10 +91,8 @@ async def respond(
         return EventSourceResponse(
             _sse(handles, dialect, shape, state),
             ping=15,
-            # sse-starlette cuts every stream as soon as it sees the server shutting down, unless
-            # given a grace period. _sse itself ends the stream cleanly when the grace runs out;
-            # the library's cut, CUT_MARGIN_S later, is the backstop should the engine not answer.
-            shutdown_grace_period=state.grace_s + CUT_MARGIN_S,
+            # _sse ends the stream cleanly when the grace runs out; uvicorn's graceful timeout,
+            # CUT_MARGIN_S later, is the backstop should the engine not answer (listen.serve).
         )
     results = asyncio.ensure_future(asyncio.gather(*(_collect(h) for h in handles)))
     try:
