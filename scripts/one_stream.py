@@ -1,0 +1,216 @@
+"""One stream, a growing context: edgeinfer against both of llama-server's KV layouts, side by side.
+
+    python scripts/one_stream.py --llama-server ~/.cache/edgeinfer/llama-server/bin/llama-server
+
+A person chatting, or an agent working alone, is one stream whose context grows. For each
+context length (256, 1k, 4k and 7.5k tokens by default) this sends one streamed completion
+of a fresh prompt of exactly that many tokens (token ids of Python's standard library
+source, so every server reads the same ones, and none has it cached) and times its answer:
+TTFT, the decode rate after the first token, and the inter-token latencies' p50 and p99.
+The four servers (llama-server with --kv-unified, llama-server with a KV stream per slot,
+`edgeinfer serve` with its default --spec auto and with --spec off) take turns, in a rotated
+order each repeat; each figure is the best of the repeats (decode rate, TTFT) or their
+median (ITL).
+
+All four get the same model, threads, slots and cells, on Unix sockets. The defaults are
+`edgeinfer serve`'s own shape for the default model: 8 slots of 8,192 cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from vs_llama_server import wait_healthy
+
+from edgeinfer.llamacpp import Model
+from edgeinfer.models.catalog import resolve_model
+
+
+def prompt_ids(length: int, seed: int, tokenize: Callable[[str], list[int]]) -> list[int]:
+    """`length` tokens of Python's own standard library source, from a file and offset the seed picks: the
+    code an agent reads, different for every seed (so no server has it cached), the same for every server."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"), key=lambda p: p.name)
+    rng = random.Random(seed)
+    tokens: list[int] = []
+    while len(tokens) < length:
+        text = rng.choice(files).read_text(encoding="utf-8", errors="replace")
+        start = rng.randrange(max(1, len(text) // 2))
+        tokens += tokenize(text[start:])
+    return tokens[:length]
+
+
+def one_answer(sock: Path, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """Stream one completion; the time of each token's arrival gives TTFT, decode rate and ITL."""
+    body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body |= {"ignore_eos": True, "stream": True}
+    stamps: list[float] = []
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://server", timeout=600) as http:
+        start = time.perf_counter()
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                sys.exit(f"{sock.name}: {r.status_code} {r.text[:300]}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if any(c.get("text") for c in chunk.get("choices", [])):
+                    stamps.append(time.perf_counter())
+    if len(stamps) < 2:
+        sys.exit(f"{sock.name}: {len(stamps)} tokens came back; expected {max_tokens}")
+    gaps = sorted(b - a for a, b in itertools.pairwise(stamps))
+    return {
+        "ttft_s": stamps[0] - start,
+        "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]),
+        "itl_p50_ms": 1000 * gaps[len(gaps) // 2],
+        "itl_p99_ms": 1000 * gaps[min(len(gaps) - 1, round(0.99 * (len(gaps) - 1)))],
+        "chunks": len(stamps),
+    }
+
+
+def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "decode_tps": max(r["decode_tps"] for r in runs),
+        "ttft_s": min(r["ttft_s"] for r in runs),
+        "itl_p50_ms": statistics.median(r["itl_p50_ms"] for r in runs),
+        "itl_p99_ms": statistics.median(r["itl_p99_ms"] for r in runs),
+        "runs": runs,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-server", required=True, type=Path, help="The llama-server binary.")
+    ap.add_argument("--model", default=None, help="GGUF file or catalog name (default: SmolLM2-135M Q4_1).")
+    ap.add_argument("--lengths", default="256,1024,4096,7680", help="Prompt tokens, comma-separated.")
+    ap.add_argument("--max-tokens", type=int, default=128, help="Tokens generated per answer.")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--parallel", type=int, default=8, help="Slots in each server.")
+    ap.add_argument("--ctx-size", type=int, default=65536, help="KV cells in each server (per slot: / --parallel).")
+    ap.add_argument("--flash-attn", default="off", choices=["on", "off"])
+    ap.add_argument("--edgeinfer-args", default="", help="More flags for `edgeinfer serve`, e.g. '--spec off'.")
+    ap.add_argument("--only", default="", help="Comma-separated server names to run (default: all three).")
+    ap.add_argument("--json", type=Path, default=None, help="Write every run's figures here.")
+    args = ap.parse_args()
+
+    binary = args.llama_server.expanduser().resolve()
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"{binary} is not an executable; build one with scripts/build_llama_server.sh")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if max(lengths) + args.max_tokens > args.ctx_size // args.parallel:
+        sys.exit(
+            f"{max(lengths)} + {args.max_tokens} tokens do not fit a slot of {args.ctx_size // args.parallel} cells"
+        )
+    model = resolve_model(args.model)
+    vocab = Model(model).vocab  # the prompts' token ids
+
+    def words(text: str) -> list[int]:
+        return vocab.tokenize(text, add_special=False)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))
+    common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", str(args.ctx_size)]
+    common += ["--parallel", str(args.parallel), "--batch-size", "512", "--ubatch-size", "512"]
+    common += ["--flash-attn", args.flash_attn]
+
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-one-") as tmp:
+        folder = Path(tmp)
+        base = [str(binary), "--model", str(model), *common, "--no-webui"]
+        edge = [sys.executable, "-m", "edgeinfer.cli", "serve", "--model", str(model), *common]
+        commands = {
+            "llama-server --kv-unified": [*base, "--host", str(folder / "unified.sock"), "--kv-unified"],
+            "llama-server": [*base, "--host", str(folder / "slots.sock")],
+            "edgeinfer": [*edge, "--socket", str(folder / "edgeinfer.sock"), *args.edgeinfer_args.split()],
+            # Its default speculation (auto) beside none, which is what llama-server does by default.
+            "edgeinfer --spec off": [*edge, "--socket", str(folder / "edgeinfer-off.sock"), "--spec", "off"],
+        }
+        if args.only:
+            commands = {k: v for k, v in commands.items() if k in args.only.split(",")}
+        sockets = {
+            name: Path(cmd[cmd.index("--host" if "--host" in cmd else "--socket") + 1])
+            for name, cmd in commands.items()
+        }
+        for name, cmd in commands.items():
+            print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
+        procs = []
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {n: [] for n in lengths} for name in commands}
+        try:
+            for name, cmd in commands.items():
+                log = folder / f"{name.replace(' ', '_')}.log"
+                with log.open("wb") as out:
+                    procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+                wait_healthy(sockets[name], procs[-1], log, name)
+            names = list(commands)
+            for rep in range(args.repeats):
+                for n in lengths:
+                    order = names[rep % len(names) :] + names[: rep % len(names)]
+                    for i, name in enumerate(order):
+                        # A fresh prompt per run and server: nothing is answered from a cache.
+                        got = one_answer(sockets[name], prompt_ids(n, 1000 * n + 10 * rep + i, words), args.max_tokens)
+                        runs[name][n].append(got)
+                        if args.json:  # every run as it comes: a long run cut short keeps what it measured
+                            args.json.write_text(json.dumps({"commands": commands, "runs": runs}, indent=2) + "\n")
+                        print(
+                            f"repeat {rep + 1} {n:>5} tokens {name:<26} {got['decode_tps']:6.1f} tok/s  "
+                            f"TTFT {1000 * got['ttft_s']:7.0f} ms  "
+                            f"ITL p50 {got['itl_p50_ms']:5.1f} p99 {got['itl_p99_ms']:5.1f} ms",
+                            file=sys.stderr,
+                        )
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+    table = {name: {n: best(r) for n, r in by_len.items()} for name, by_len in runs.items()}
+    llama = [name for name in table if name.startswith("llama-server")]
+    print(f"\none stream, best of {args.repeats} (decode tok/s and TTFT: the best run; ITL: the runs' median)")
+    print(
+        f"{'context':>8}  {'server':<26} {'tok/s':>7} {'/ best llama-server':>20} {'TTFT ms':>8} {'ITL p50/p99 ms':>15}"
+    )
+    for n in lengths:
+        bar = max((table[name][n]["decode_tps"] for name in llama), default=None)
+        for name, by_len in table.items():
+            b = by_len[n]
+            ratio = f"{b['decode_tps'] / bar:.2f}" if bar else "-"
+            print(
+                f"{n:>8}  {name:<26} {b['decode_tps']:>7.1f} {ratio:>20} {1000 * b['ttft_s']:>8.0f}"
+                f" {b['itl_p50_ms']:>7.1f}/{b['itl_p99_ms']:<7.1f}"
+            )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "commands": commands,
+                    "args": vars(args) | {"llama_server": str(binary), "json": str(args.json)},
+                    "table": table,
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
