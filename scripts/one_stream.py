@@ -118,10 +118,10 @@ def main() -> int:
             f"{max(lengths)} + {args.max_tokens} tokens do not fit a slot of {args.ctx_size // args.parallel} cells"
         )
     model = resolve_model(args.model)
-    vocab = Model(model).vocab  # the prompts' token ids
+    tokenizer = Model(model)  # the prompts' token ids (kept open: its vocabulary lives in the model)
 
     def words(text: str) -> list[int]:
-        return vocab.tokenize(text, add_special=False)
+        return tokenizer.vocab.tokenize(text, add_special=False)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))
     common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", str(args.ctx_size)]
@@ -159,9 +159,11 @@ def main() -> int:
             for rep in range(args.repeats):
                 for n in lengths:
                     order = names[rep % len(names) :] + names[: rep % len(names)]
-                    for i, name in enumerate(order):
-                        # A fresh prompt per run and server: nothing is answered from a cache.
-                        got = one_answer(sockets[name], prompt_ids(n, 1000 * n + 10 * rep + i, words), args.max_tokens)
+                    # One prompt per repeat and length, the same for every server (each sees it once, so
+                    # none answers it from a cache); another one each repeat.
+                    prompt = prompt_ids(n, 1000 * n + rep, words)
+                    for name in order:
+                        got = one_answer(sockets[name], prompt, args.max_tokens)
                         runs[name][n].append(got)
                         if args.json:  # every run as it comes: a long run cut short keeps what it measured
                             args.json.write_text(json.dumps({"commands": commands, "runs": runs}, indent=2) + "\n")

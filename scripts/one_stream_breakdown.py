@@ -256,8 +256,9 @@ def main() -> int:
                 }
                 names = list(jobs)
                 order = names[rep % len(names) :] + names[: rep % len(names)]
-                for i, name in enumerate(order):
-                    got = jobs[name](prompt_ids(n, 1000 * n + 10 * rep + i, words))
+                prompt = prompt_ids(n, 1000 * n + rep, words)  # the same for each, never seen before by any
+                for name in order:
+                    got = jobs[name](prompt)
                     results[n][name].append(got)
                     if args.json:  # every run as it comes: a long run cut short keeps what it measured
                         args.json.write_text(json.dumps({"results": results}, indent=2) + "\n")
