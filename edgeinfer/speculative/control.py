@@ -141,14 +141,9 @@ class Controller:
         return {key: min(k, depth) for key, k in plan.items()}
 
     def _explore(self, candidates: list[Candidate]) -> dict[int, int]:
-        """Too little measured yet: one draft token on one stream, to learn its cost and acceptance.
-
-        One, not more: where drafting does not pay, exploring is pure cost, and each extra row of a step
-        is dear on a CPU (measured on 2 cores at one stream: a step of 2 tokens took 1.6-1.7x one of
-        1 token, of 3 tokens 1.9-2.5x; docs/benchmarks.md), which the stream's reader sees as a gap
-        between its tokens."""
+        """Too little measured yet: a short draft on one stream, to learn its cost and acceptance."""
         best = max(candidates, key=lambda c: c.alpha)
-        return {best.key: min(1, best.available, self.max_draft)}
+        return {best.key: min(2, best.available, self.max_draft)}
 
 
 @dataclass(slots=True)
