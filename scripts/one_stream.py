@@ -25,7 +25,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from vs_llama_server import wait_healthy
+from vs_llama_server import running_servers
 
 from edgeinfer.llamacpp import Model
 from edgeinfer.models.catalog import resolve_model
@@ -132,29 +131,23 @@ def main() -> int:
         folder = Path(tmp)
         base = [str(binary), "--model", str(model), *common, "--no-webui"]
         edge = [sys.executable, "-m", "edgeinfer.cli", "serve", "--model", str(model), *common]
+        sockets = {
+            name: folder / f"{name.replace(' ', '_')}.sock"
+            for name in ("llama-server --kv-unified", "llama-server", "edgeinfer", "edgeinfer --spec off")
+        }
         commands = {
-            "llama-server --kv-unified": [*base, "--host", str(folder / "unified.sock"), "--kv-unified"],
-            "llama-server": [*base, "--host", str(folder / "slots.sock")],
-            "edgeinfer": [*edge, "--socket", str(folder / "edgeinfer.sock"), *args.edgeinfer_args.split()],
+            "llama-server --kv-unified": [*base, "--host", str(sockets["llama-server --kv-unified"]), "--kv-unified"],
+            "llama-server": [*base, "--host", str(sockets["llama-server"])],
+            "edgeinfer": [*edge, "--socket", str(sockets["edgeinfer"]), *args.edgeinfer_args.split()],
             # Its default speculation (auto) beside none, which is what llama-server does by default.
-            "edgeinfer --spec off": [*edge, "--socket", str(folder / "edgeinfer-off.sock"), "--spec", "off"],
+            "edgeinfer --spec off": [*edge, "--socket", str(sockets["edgeinfer --spec off"]), "--spec", "off"],
         }
         if args.only:
             commands = {k: v for k, v in commands.items() if k in args.only.split(",")}
-        sockets = {
-            name: Path(cmd[cmd.index("--host" if "--host" in cmd else "--socket") + 1])
-            for name, cmd in commands.items()
-        }
         for name, cmd in commands.items():
             print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
-        procs = []
         runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {n: [] for n in lengths} for name in commands}
-        try:
-            for name, cmd in commands.items():
-                log = folder / f"{name.replace(' ', '_')}.log"
-                with log.open("wb") as out:
-                    procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
-                wait_healthy(sockets[name], procs[-1], log, name)
+        with running_servers(commands, sockets, folder):
             names = list(commands)
             for rep in range(args.repeats):
                 for n in lengths:
@@ -173,14 +166,6 @@ def main() -> int:
                             f"ITL p50 {got['itl_p50_ms']:5.1f} p99 {got['itl_p99_ms']:5.1f} ms",
                             file=sys.stderr,
                         )
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
 
     table = {name: {n: best(r) for n, r in by_len.items()} for name, by_len in runs.items()}
     llama = [name for name in table if name.startswith("llama-server")]

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -51,6 +53,27 @@ def wait_healthy(sock: Path, proc: subprocess.Popen[bytes], log: Path, name: str
                 pass
         time.sleep(0.25)
     sys.exit(f"{name} did not become healthy within {timeout:.0f} s; the end of its log ({log}):\n{tail(log)}")
+
+
+@contextmanager
+def running_servers(commands: dict[str, list[str]], sockets: dict[str, Path], folder: Path) -> Iterator[None]:
+    """Start each server (its output logged in folder), wait until each is healthy; stop them all on the way out."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, cmd in commands.items():
+            log = folder / f"{name.replace(' ', '_')}.log"
+            with log.open("wb") as out:
+                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+            wait_healthy(sockets[name], procs[-1], log, name)
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -114,13 +137,7 @@ def main() -> int:
         sockets = {"llama-server --kv-unified": unified_sock, "llama-server": slots_sock, "edgeinfer": edge_sock}
         for name, cmd in commands.items():
             print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
-        procs = []
-        try:
-            for name, cmd in commands.items():
-                log = folder / f"{name.replace(' ', '_')}.log"
-                with log.open("wb") as out:
-                    procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
-                wait_healthy(sockets[name], procs[-1], log, name)
+        with running_servers(commands, sockets, folder):
             targets = [ServerTarget(socket=sock, name=name) for name, sock in sockets.items()]
             reports = []
             for workload in workloads:
@@ -129,14 +146,6 @@ def main() -> int:
                     sweep = run_sweep(targets, workload, levels, max_tokens, args.repeats, bar)
                 print_sweep(sweep, print)
                 reports.append(json.loads(build_report(sweep).model_dump_json(by_alias=True)))
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
     if args.json:
         args.json.write_text(json.dumps({"commands": commands, "reports": reports}, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
