@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -122,18 +122,35 @@ def engine(model_path):
 def start_server(sock: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "edgeinfer.cli", "serve", "--socket", str(sock), "--ctx-size", "8192", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stderr.read()}")
+    healthy(sock, proc, log=lambda: proc.stderr.read() if proc.stderr else "")
+    return proc
+
+
+def healthy(
+    sock: Path,
+    proc: subprocess.Popen | None = None,
+    limit_s: float = 60,
+    log: Callable[[], str] = lambda: "",
+    timeout: float = 120,
+) -> httpx.Client:
+    """A client of the server on sock once GET /health answers 200 within limit_s. A server process that
+    exits first, or does not answer in time (it is killed then), fails the test with log() (read once it ended)."""
+    client = raw(sock, timeout=timeout)
+    deadline = time.monotonic() + limit_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the server exited: {log()}")
         try:
-            if raw(sock).get("/health").status_code == 200:
-                return proc
+            if client.get("/health").status_code == 200:
+                return client
         except httpx.TransportError:
             pass
+        if time.monotonic() > deadline:
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+            raise AssertionError(f"the server did not become healthy in {limit_s:g} s: {log()}")
         time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not become healthy in 60 s")
 
 
 def raw(sock: Path, timeout: float = 120, **kw) -> httpx.Client:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from . import gate
+from .conftest import healthy
 
 pytestmark = pytest.mark.model
 
@@ -101,17 +102,7 @@ def test_models_names_the_built_in_model(home):
 
 def healthy_client(proc: subprocess.Popen, sock: Path) -> httpx.Client:
     """A client of the binary's server on sock, once GET /health answers 200 (within 120 s)."""
-    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=120)
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline, "the server did not become healthy in 120 s"
-        try:
-            if client.get("/health").status_code == 200:
-                return client
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+    return healthy(sock, proc, limit_s=120, log=lambda: proc.stderr.read() if proc.stderr else "")
 
 
 def test_serve_answers_on_its_socket(home):

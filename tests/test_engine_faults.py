@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.runtime import make_engine
 
 from . import gate
+from .conftest import healthy
 from .gate import chat, same_or_near_tie
 
 pytestmark = pytest.mark.model
@@ -102,7 +102,6 @@ def test_a_full_kv_cache_preempts_a_stream_and_its_text_is_unchanged(model_path)
 
 def test_a_server_whose_engine_stopped_says_so_and_exits_non_zero(model_path, tmp_path, monkeypatch):
     """Defect: /health said ok and the process kept running after the engine thread had died."""
-    import httpx
 
     from edgeinfer.server.app import make_server
     from edgeinfer.server.listen import serve
@@ -119,14 +118,7 @@ def test_a_server_whose_engine_stopped_says_so_and_exits_non_zero(model_path, tm
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://edgeinfer", timeout=30)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if http.get("/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.1)
+    http = healthy(sock, timeout=30)
     engine = app.state.edgeinfer.engine
 
     def schedule(*args, **kwargs):

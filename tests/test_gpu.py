@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from . import gate
-from .conftest import raw, stop_process
+from .conftest import healthy, raw, stop_process
 
 pytestmark = pytest.mark.model
 
@@ -80,27 +80,10 @@ def gpu_server(device, tmp_path_factory):
     with err.open("w") as stderr:
         proc = subprocess.Popen(cmd, env=device_env(), stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
-        wait_healthy(proc, sock, err)
+        healthy(sock, proc, limit_s=300, log=lambda: err.read_text()[-3000:])
         yield sock, err
     finally:
         stop_process(proc)
-
-
-def wait_healthy(proc: subprocess.Popen, sock: Path, err: Path, limit_s: float = 300) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the server exited: {err.read_text()[-3000:]}"
-        try:
-            if raw(sock).get("/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the server did not become healthy in {limit_s:g} s: {err.read_text()[-3000:]}")
 
 
 def chat(sock: Path, messages: list[dict], max_tokens: int) -> dict:

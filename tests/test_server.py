@@ -18,7 +18,7 @@ import pytest
 from edgeinfer.client import async_client, client
 
 from . import gate
-from .conftest import raw, sse_events, start_server, stop_process
+from .conftest import healthy, raw, sse_events, start_server, stop_process
 from .fakes import fake_facts
 
 pytestmark = pytest.mark.model
@@ -676,24 +676,12 @@ def test_a_server_stopped_in_this_process_leaves_the_next_ones_streams_alone(tmp
 
     config = EngineConfig(model=model_path, parallel=1, ctx_size=1024, threads=1, threads_batch=1)
 
-    def until_up(sock) -> httpx.Client:
-        http = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x", timeout=60)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if http.get("/health").status_code == 200:
-                    return http
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the in-process server did not come up"
-            time.sleep(0.05)
-
     first = tmp_path / "a.sock"
-    serve(make_server(config), first, None, grace_s=1, foreground=lambda: until_up(first).close())
+    serve(make_server(config), first, None, grace_s=1, foreground=lambda: healthy(first).close())
     snapshots: list[str] = []
 
     def read_stats() -> None:
-        http = until_up(second)
+        http = healthy(second)
         try:
             with http.stream("GET", "/v1/edgeinfer/stats/stream", params={"interval": 0.1}) as r:
                 for line in r.iter_lines():
