@@ -37,18 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from one_stream import prompt_ids
+from one_stream import pct, prompt_ids
 
 from edgeinfer.bench.rawloop import run_raw
 from edgeinfer.llamacpp import Batch, Context, Model
 from edgeinfer.models.catalog import resolve_model
 from edgeinfer.options import ContextParams, EngineConfig, SamplingParams
 from edgeinfer.runtime import make_engine
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def bare(model: Model, args: argparse.Namespace, unified: bool, prompt: list[int]) -> dict[str, Any]:
