@@ -6,7 +6,9 @@ skips a CPU-type Vulkan device unless GGML_VK_VISIBLE_DEVICES names it, so the r
 never sees it; these tests name it for the processes they start. They need a llama.cpp built with
 the Vulkan backend (`make install` builds it when libvulkan-dev, spirv-headers and glslc are
 installed; `.ci/run` installs them with mesa-vulkan-drivers) and skip, saying so, without one.
-Texts are short: lavapipe is slow.
+Texts are short and prompts raw, without the chat template's system turn: lavapipe computes a
+prompt at about 0.6 s a token (a 37-token chat prompt took 22 s), so a prompt of a few tokens is what
+keeps these tests to seconds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeinfer.engine.scheduler import MIN_SHARE
+
 from . import gate
 from .conftest import healthy, raw, stop_process
 
@@ -28,7 +32,9 @@ pytestmark = pytest.mark.model
 
 VISIBLE = {"GGML_VK_VISIBLE_DEVICES": "0"}
 N_LAYERS = 31  # SmolLM2-135M: 30 repeating layers and the output layer
-HELLO = [{"role": "user", "content": "What is the capital of France?"}]
+HELLO = "The capital of France is"
+# Long enough for the prefix cache to keep (the scheduler's MIN_SHARE, 16 tokens), still short.
+CAPITALS = "The capital of Italy is Rome. The capital of Spain is Madrid. The capital of France is"
 
 
 def llama_lib() -> Path:
@@ -86,9 +92,15 @@ def gpu_server(device, tmp_path_factory):
         stop_process(proc)
 
 
-def chat(sock: Path, messages: list[dict], max_tokens: int) -> dict:
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    r = raw(sock, timeout=600).post("/v1/chat/completions", json=body)
+def ids(text: str) -> list[int]:
+    """A raw prompt's token ids, as the reference engine of tests/gate.py reads them."""
+    return gate.reference().tokenize(text)
+
+
+def complete(sock: Path, prompt: list[int], max_tokens: int) -> dict:
+    """A greedy completion of prompt's ids (no chat template: short prompts, lavapipe is slow)."""
+    body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    r = raw(sock, timeout=600).post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -108,24 +120,26 @@ def test_serve_puts_every_layer_on_the_device_and_says_so(gpu_server, device):
 
 def test_greedy_answers_on_the_device_follow_the_cpus_up_to_near_ties(gpu_server):
     sock, _ = gpu_server
-    first = chat(sock, HELLO, 6)
-    gate.follows_greedy(first["choices"][0]["message"]["content"], HELLO, 6)
-    # The same conversation again: its prompt comes back from the prefix cache, on the device.
-    again = chat(sock, HELLO, 6)
+    prompt = ids(CAPITALS)
+    assert len(prompt) > MIN_SHARE, f"{len(prompt)} tokens: too short for the prefix cache to keep"
+    first = complete(sock, prompt, 6)
+    gate.follows_greedy(first["choices"][0]["text"], prompt, 6)
+    # The same prompt again: it comes back from the prefix cache, on the device.
+    again = complete(sock, prompt, 6)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, again["usage"]
-    gate.follows_greedy(again["choices"][0]["message"]["content"], HELLO, 6)
+    gate.follows_greedy(again["choices"][0]["text"], prompt, 6)
 
 
 def test_two_streams_packed_on_the_device(gpu_server):
     from concurrent.futures import ThreadPoolExecutor
 
     sock, _ = gpu_server
-    asks = [HELLO, [{"role": "user", "content": "Count from one to ten."}]]
+    asks = [ids("Once upon a time"), ids("One, two, three,")]
     with ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(lambda m: chat(sock, m, 4), asks))
+        answers = list(pool.map(lambda p: complete(sock, p, 4), asks))
     steps = raw(sock).get("/v1/edgeinfer/stats").json()["steps"]
-    for messages, answer in zip(asks, answers, strict=True):
-        gate.follows_greedy(answer["choices"][0]["message"]["content"], messages, 4)
+    for prompt, answer in zip(asks, answers, strict=True):
+        gate.follows_greedy(answer["choices"][0]["text"], prompt, 4)
     assert steps["count"] > 0
 
 
@@ -152,9 +166,10 @@ def test_embeddings_on_the_device_match_the_cpus(gpu_server, model_path, tmp_pat
 
 def test_ngram_speculation_drafts_on_the_device(gpu_server):
     sock, _ = gpu_server
-    ask = [{"role": "user", "content": "Repeat exactly: one two three four five six seven eight nine ten"}]
-    answer = chat(sock, ask, 8)
-    gate.follows_greedy(answer["choices"][0]["message"]["content"], ask, 8)
+    # A prompt that repeats itself: the n-gram drafter finds its continuation in the context.
+    prompt = ids("one two three four five six one two three four five six one two")
+    answer = complete(sock, prompt, 8)
+    gate.follows_greedy(answer["choices"][0]["text"], prompt, 8)
     spec = raw(sock).get("/v1/edgeinfer/stats").json()["spec"]
     assert spec["mode"] == "ngram" and spec["verifications"] > 0, spec
 
@@ -164,7 +179,7 @@ def test_a_draft_model_on_the_device(device, model_path):
     # beside a whole target): every draft is accepted unless the two contexts round apart.
     out = generate(
         "--spec", "draft", "--draft-model", str(model_path), "--ctx-size", "1024",
-        "--max-tokens", "4", "--spec-max", "3", HELLO[0]["content"],
+        "--max-tokens", "4", "--spec-max", "3", "--raw", HELLO,
     )  # fmt: skip
     (c,) = out["completions"]
     assert c["completion_tokens"] == 4 and c["finish_reason"] == "length", c
@@ -173,7 +188,7 @@ def test_a_draft_model_on_the_device(device, model_path):
 
 def test_a_quantized_kv_cache_on_the_device(device):
     # A quantized cache needs flash attention (auto turns it on for q8_0).
-    out = generate("--kv-type", "q8_0", "--spec", "off", "--ctx-size", "1024", "--max-tokens", "4", HELLO[0]["content"])
+    out = generate("--kv-type", "q8_0", "--spec", "off", "--ctx-size", "1024", "--max-tokens", "4", "--raw", HELLO)
     (c,) = out["completions"]
     assert c["completion_tokens"] == 4 and c["finish_reason"] == "length" and c["text"].strip(), c
 
