@@ -227,6 +227,7 @@ def test_draft_speculation_keeps_the_output_law_at_temperature(model_path, verif
         parallel=16,
         max_queue=N_LAW,
         flash_attn="on",  # the law comes from a 3-token run's logits: rows that do not round by batch shape
+        ctx_size=16 * 512,  # 512 cells a stream hold the prompt and 4 tokens (8,192 each take 10 s to allocate)
     )
     with make_engine(config) as eng:
         prompt = eng.chat_prompt([{"role": "user", "content": CAPITAL[0]}])
@@ -261,3 +262,23 @@ def test_draft_model_keeps_speculating_over_many_requests(model_path):
             eng.speculator is not None and not eng.speculator.drafter.drafts.held
         )  # every ended stream's sequence is gone
     assert all(b > a for a, b in pairwise(drafted)), drafted
+
+
+@pytest.mark.parametrize("layout", ["per-seq", "unified"])
+def test_streams_of_one_prompt_copy_its_draft_prefix_instead_of_computing_it_again(model_path, layout):
+    """Four choices of one prompt: the draft model computes the prompt once and copies it to the other
+    three sequences (as the target forks its kept prefix), so its catch-up costs one prompt, not four."""
+    config = EngineConfig(
+        model=model_path, spec="draft", draft_model=model_path, parallel=4, ctx_size=4096, kv_layout=layout
+    )
+    params = SamplingParams(temperature=0.8, max_tokens=12)  # unseeded: seeded streams draft only with flash attention
+    with make_engine(config) as eng:
+        prompt = chat(eng, code_edit_prompt(0))
+        results = [h.result() for h in eng.submit(prompt, params, n=4)]
+        assert eng.speculator is not None
+        computed = eng.speculator.drafter.drafts.computed
+        stats = eng.snapshot().spec
+    assert all(r.stats.completion_tokens == 12 or r.finish_reason == "stop" for r in results)
+    assert stats.error is None and stats.drafted > 0
+    # Without the copies: at least 4 x the prompt. With them: the prompt once, and each stream's tokens.
+    assert len(prompt) <= computed < len(prompt) + 4 * 2 * 12, (computed, len(prompt))

@@ -174,12 +174,7 @@ class ContextKv:
         self.ctx.seq_rm(seq, p0, -1)
 
     def share(self, src: int, dst: int, n: int) -> None:
-        if self.per_seq:
-            # Streams copy whole (the bytes move at the next decode); then the tail goes.
-            self.ctx.seq_cp(src, dst, -1, -1)
-            self.ctx.seq_rm(dst, n, -1)
-        else:
-            self.ctx.seq_cp(src, dst, 0, n)
+        self.ctx.seq_share(src, dst, n)
 
     def copies_land_at_decode(self) -> bool:
         return self.per_seq

@@ -318,6 +318,15 @@ class Context:
             assert p0 <= 0 and p1 < 0, "per-sequence KV copies whole streams"
         C.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
+    def seq_share(self, src: int, dst: int, n: int) -> None:
+        """dst holds src's first n positions: unified KV shares the cells; per-sequence KV copies src's
+        whole stream (its bytes move at the next decode) and drops the tail."""
+        if self.kv_unified:
+            self.seq_cp(src, dst, 0, n)
+        else:
+            self.seq_cp(src, dst, -1, -1)
+            self.seq_rm(dst, n, -1)
+
     def seq_state(self, seq: int) -> bytearray:
         """One sequence's KV, serialized (llama_state_seq_get_data) straight into a bytearray: no second copy."""
         size = C.llama_state_seq_get_size(self._h, seq)

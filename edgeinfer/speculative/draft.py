@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgeinfer.engine.prefix import common_prefix
+from edgeinfer.engine.scheduler import MIN_SHARE
 from edgeinfer.errors import ConfigError
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
 from edgeinfer.speculative.drafting import Draft, Pick
@@ -80,13 +81,13 @@ class DraftModel:
         self.batch = Batch(self.ctx.n_batch)
         self.p_min = p_min  # stop a stream's draft when its token's draft probability is below this
         self.held: dict[int, list[int]] = {}  # seq -> tokens in the draft KV
+        self.computed = 0  # tokens the draft model has decoded (catch-up and drafts; copied prefixes are not)
 
     def draft(self, reqs: list[DraftRequest], on_step: Callable[[int, float], None]) -> dict[int, Draft]:
         """Draft for every request together; on_step(n_streams, seconds) reports each draft decode."""
         out = {r.seq: Draft([], None) for r in reqs}
         qs: dict[int, list[np.ndarray]] = {r.seq: [] for r in reqs}
-        # Catch up: the draft KV must hold tokens[:-1]; then the last token starts the draft.
-        logits = self._feed({r.seq: self._sync(r) for r in reqs}, on_step)
+        logits = self._catch_up(reqs, on_step)
         live = {r.seq: r for r in reqs}
         while live:
             step: dict[int, list[int]] = {}
@@ -120,6 +121,49 @@ class DraftModel:
             if qs[seq]:
                 d.q = np.stack(qs[seq])
         return out
+
+    def _catch_up(self, reqs: list[DraftRequest], on_step: Callable[[int, float], None]) -> dict[int, np.ndarray]:
+        """Bring each draft sequence to its stream's tokens[:-1], then feed the last token, which starts
+        the draft; return the logits after it, by sequence.
+
+        A stream that shares a long prefix with another (n choices, forks of one kept prefix, agents
+        with one system prompt: the target computed that prefix once) copies it from the other's draft
+        sequence instead of computing it again: at once from a sequence not drafting this step, or from
+        one catching up in this step once that one's tokens are in.
+        """
+        pending = {r.seq: self._sync(r) for r in reqs}
+        later: dict[int, tuple[int, DraftRequest]] = {}  # seq -> (the leader it copies from, its request)
+        leaders: list[DraftRequest] = []
+        for r in reqs:
+            pos, rest = pending[r.seq]
+            if len(rest) < MIN_SHARE:
+                continue  # the usual step: a token or two to feed
+            want = r.tokens[:-1]
+            donor, n = -1, pos
+            for seq, held in self.held.items():
+                if seq not in pending and (m := common_prefix(held, want)) > n:
+                    donor, n = seq, m
+            if n - pos >= MIN_SHARE:
+                self._share(donor, r.seq, n, r.tokens)
+                pending[r.seq] = (n, r.tokens[n:])
+            lead, m = max(((x, common_prefix(x.tokens, want)) for x in leaders), key=lambda xm: xm[1], default=(r, 0))
+            if m - max(n, pos) >= MIN_SHARE:
+                later[r.seq] = (lead.seq, r)
+                del pending[r.seq]
+            elif len(r.tokens) - max(n, pos) >= MIN_SHARE:
+                leaders.append(r)
+        logits = self._feed(pending, on_step)
+        if later:
+            for seq, (lead, r) in later.items():
+                n = common_prefix(self.held[lead], r.tokens[:-1])
+                self._share(lead, seq, n, r.tokens)
+                pending[seq] = (n, r.tokens[n:])
+            logits.update(self._feed({seq: pending[seq] for seq in later}, on_step))
+        return logits
+
+    def _share(self, src: int, dst: int, n: int, tokens: list[int]) -> None:
+        self.ctx.seq_share(src, dst, n)
+        self.held[dst] = tokens[:n]
 
     def _sync(self, r: DraftRequest) -> tuple[int, list[int]]:
         """Drop what the draft KV holds beyond the common prefix; return (pos0, tokens to feed)."""
@@ -156,6 +200,7 @@ class DraftModel:
                 row = self.batch.add(seq, toks[:take], pos, last)
                 fed.append((seq, toks[:take]))
                 room -= take
+                self.computed += take
                 if last:
                     rows[seq] = row
                 else:
