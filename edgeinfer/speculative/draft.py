@@ -2,7 +2,8 @@
 
 It keeps its own KV cache, one sequence per target sequence id. Before drafting it
 catches up on whatever part of a stream it has not seen (prompt, accepted tokens),
-and drops what the target rejected, by comparing token lists. All speculating streams
+and drops what the target rejected, by comparing token lists; a long prefix another
+stream's draft sequence holds is copied, not computed again. All speculating streams
 draft together: one llama_decode per draft depth. A sequence is forgotten when its
 stream ends; if the KV still fills up, the sequences not drafting right now are.
 
