@@ -74,9 +74,12 @@ binary: dist/edgeinfer
 dist/edgeinfer: $(STAMP) $(BINARY_SOURCES)
 	$(PY) scripts/build_binary.py --out $@
 
-# The 25 slowest tests are listed at the end: where the suite's time goes, on every run.
+# The 25 slowest tests are listed at the end: where the suite's time goes, on every run. The suite keeps
+# about 1.6 cores busy alone; TEST_WORKERS pytest workers (pytest-xdist), each taking one test file at a
+# time (its module servers with it), keep them all busy (docs/testing.md).
+TEST_WORKERS ?= 2
 test: $(STAMP) dist/edgeinfer
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The pure tier only (no model may load: tests/conftest.py): the inner loop, in seconds.
 test-fast: $(STAMP)
