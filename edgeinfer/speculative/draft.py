@@ -147,11 +147,12 @@ class DraftModel:
             if n - pos >= MIN_SHARE:
                 self._share(donor, r.seq, n, r.tokens)
                 pending[r.seq] = (n, r.tokens[n:])
+                pos = n
             lead, m = max(((x, common_prefix(x.tokens, want)) for x in leaders), key=lambda xm: xm[1], default=(r, 0))
-            if m - max(n, pos) >= MIN_SHARE:
+            if m - pos >= MIN_SHARE:
                 later[r.seq] = (lead.seq, r)
                 del pending[r.seq]
-            elif len(r.tokens) - max(n, pos) >= MIN_SHARE:
+            elif len(r.tokens) - pos >= MIN_SHARE:
                 leaders.append(r)
         logits = self._feed(pending, on_step)
         if later:
