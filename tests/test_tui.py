@@ -403,7 +403,7 @@ async def test_live_requests_on_a_real_server(tmp_path, servers):
         await until(pilot, watch, "decoding streams, a non-zero tok/s, TTFT and ITL", timeout=120)
         replies = await work
         assert all(r["usage"]["completion_tokens"] == 32 for r in replies)
-        await until(pilot, lambda: app.card("done") == "3", "three finished requests", timeout=10)
+        await until(pilot, lambda: app.card("done") == "3", "three finished requests", timeout=60)
         # Finished conversations are saved for their next turn (one prompt's three answers may be one entry).
         assert re.search(r"saved [1-9]\d* in RAM", text_of(app, "#kv-text"))
         assert app.history.peak() > 0 and "peak 0.0" not in text_of(app, "#chart-caption")
