@@ -10,6 +10,7 @@ naming the parameter, and the engine trusts what it is given.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,6 +32,15 @@ MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string
 MAX_GRAMMAR_CHARS = 65_536  # characters of one schema or grammar
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset), else every core.
+    The default thread count: a thread more than the cores it may use waits at each of llama.cpp's barriers."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def flag(name: str) -> str:
@@ -106,7 +116,9 @@ class EngineConfig(Options):
     )
     batch_size: int = Field(512, ge=1, description="Tokens per decode step.", json_schema_extra=_cli("-b"))
     ubatch_size: int = Field(512, ge=1, description="Tokens per physical compute pass.")
-    threads: int = Field(0, ge=0, description="CPU threads (0: all cores).", json_schema_extra=_cli("-t"))
+    threads: int = Field(
+        0, ge=0, description="CPU threads (0: the cores this process may use).", json_schema_extra=_cli("-t")
+    )
     threads_batch: int = Field(0, ge=0, description="CPU threads for prompt processing (0: as --threads).")
     gpu_layers: GpuLayers = Field(
         "auto",
@@ -381,7 +393,7 @@ class ContextParams:
     n_batch: int = 512  # tokens per llama_decode (the per-step token budget)
     n_ubatch: int = 512  # tokens per physical compute pass
     n_seq_max: int = 16
-    n_threads: int = 0  # 0: all physical cores
+    n_threads: int = 0  # 0: usable_cores()
     n_threads_batch: int = 0
     flash_attn: str = "auto"
     kv_type: str = "f16"

@@ -146,7 +146,7 @@ def test_choose_keeps_the_current_value_unless_clearly_beaten():
 
 
 def test_tune_settles_each_setting_on_a_synthetic_machine(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("edgeinfer.bench.tune.usable_cores", lambda: 8)
 
     # This machine: 8 streams is the knee; 4 threads beat 8 (memory-bound); batch size barely matters;
     # q8_0 KV gains 1% (noise: keep f16); a unified KV cache loses 30%; speculation gains 20%.

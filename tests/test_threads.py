@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 
 from edgeinfer.engine.threads import AGREE, WINDOW_S, CpuSample, ThreadTuner, read_cpu
-from edgeinfer.options import EngineConfig
+from edgeinfer.options import EngineConfig, usable_cores
 from edgeinfer.runtime import make_engine
 
 from . import gate
@@ -102,6 +103,17 @@ def test_this_machine_is_read():
 
 
 @pytest.mark.model
+def test_the_default_thread_count_follows_the_cores_this_process_may_use():
+    """taskset or a container's cpuset: a thread per core of the machine would wait at every barrier."""
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        assert usable_cores() == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    assert usable_cores() == len(before)
+
+
 def test_thread_counts_give_the_same_logits_bit_for_bit(model_path):
     from edgeinfer.bench.exclusive import run_exclusive
     from edgeinfer.llamacpp import Batch

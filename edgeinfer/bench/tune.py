@@ -12,7 +12,6 @@ does not move settings, and a lossy KV cache type must earn its place.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from edgeinfer.bench.sweep import Progress, run_sweep
 from edgeinfer.bench.targets import EngineTarget
 from edgeinfer.bench.workloads import messages
 from edgeinfer.engine.offload import offloads
-from edgeinfer.options import EngineConfig
+from edgeinfer.options import EngineConfig, usable_cores
 
 MARGIN = 0.05  # a new value must be this much faster than the current one (noise here is about ±3%)
 
@@ -57,7 +56,7 @@ def choose(current: Any, trials: list[Trial], margin: float = MARGIN) -> Trial:
 
 def candidates(config: EngineConfig, cpus: int | None = None) -> dict[str, list[Any]]:
     """The values tried for each setting, the current one first."""
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cores()
     threads = sorted({cpus, max(1, cpus // 2), max(1, cpus - 1)}, reverse=True)
     return {
         "threads": threads,
@@ -83,7 +82,7 @@ def tune(
     knee = find_parallel(base.replace(spec="off"))
     parallel = knee.parallel
     config = base.replace(parallel=parallel, batch_size=max(base.batch_size, parallel), spec="off")
-    cpus = os.cpu_count() or 1
+    cpus = usable_cores()
     current: dict[str, Any] = {
         "threads": config.threads or cpus,
         "batch_size": config.batch_size,

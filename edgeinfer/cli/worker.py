@@ -10,6 +10,7 @@ import click
 
 from edgeinfer.cli.errors import errors_as_messages
 from edgeinfer.errors import ConfigError
+from edgeinfer.options import usable_cores
 
 SECURITY = (
     "The RPC protocol has no authentication and no encryption: anyone who reaches the port can use the "
@@ -50,7 +51,7 @@ def worker(host: str, port: int, threads: int, allow_remote: bool) -> None:
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
     from edgeinfer.llamacpp.rpc import serve_worker
 
-    threads = threads or os.cpu_count() or 1
+    threads = threads or usable_cores()
     click.echo(f"edgeinfer worker on {host}:{port}, threads: {threads}; clients pass --rpc {host}:{port}.")
     click.echo("One client at a time. Ctrl-C stops it.")
     try:

@@ -21,7 +21,7 @@ import numpy as np
 from edgeinfer.errors import ConfigError, DecodeError, EngineClosedError, ModelLoadError
 from edgeinfer.llamacpp import ggml
 from edgeinfer.models.gguf import read_gguf
-from edgeinfer.options import ContextParams
+from edgeinfer.options import ContextParams, usable_cores
 
 ggml.bind(C.llama_cpp._lib)
 
@@ -243,7 +243,7 @@ class Context:
         max_seq = C.llama_max_parallel_sequences()
         if not 1 <= p.n_seq_max <= max_seq:
             raise ConfigError(f"{p.n_seq_max} sequences asked for; llama.cpp supports 1 to {max_seq}")
-        threads = p.n_threads or max(1, os.cpu_count() or 1)
+        threads = p.n_threads or usable_cores()
         params = C.llama_context_default_params()
         params.n_ctx = p.n_ctx
         params.n_batch = p.n_batch

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from edgeinfer.errors import DecodeError, ModelLoadError
 from edgeinfer.llamacpp.core import FLASH_ATTN, Batch, C, Model, resolve_flash_attn
 from edgeinfer.models.gguf import GGUFInfo
+from edgeinfer.options import usable_cores
 
 # GGUF `<arch>.pooling_type` values (llama.cpp's enum) that give one vector per sequence.
 POOLING = {1: "mean", 2: "cls", 3: "last"}
@@ -40,7 +39,7 @@ class EmbedContext:
     def __init__(
         self, model: Model, n_ctx: int, n_seq_max: int, pooling: str, threads: int = 0, flash_attn: str = "auto"
     ) -> None:
-        threads = threads or max(1, os.cpu_count() or 1)
+        threads = threads or usable_cores()
         params = C.llama_context_default_params()
         params.n_ctx = n_ctx
         # A pooled vector is taken per micro-batch: a text split over two would be pooled twice and
