@@ -80,6 +80,8 @@ def _pinning() -> tuple[str, int] | None:
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker.startswith("gw") or count < 2 or os.environ.get("EDGEINFER_TEST_PIN") == "0":
         return None
+    if not hasattr(os, "sched_setaffinity"):  # not Linux
+        return None
     return worker, count
 
 
