@@ -117,6 +117,7 @@ def test_the_default_thread_count_follows_the_cores_this_process_may_use():
     assert usable_cores() == len(before)
 
 
+@pytest.mark.model
 def test_thread_counts_give_the_same_logits_bit_for_bit(model_path):
     from edgeinfer.bench.exclusive import run_exclusive
     from edgeinfer.llamacpp import Batch
