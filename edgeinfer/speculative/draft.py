@@ -156,9 +156,9 @@ class DraftModel:
                 leaders.append(r)
         logits = self._feed(pending, on_step)
         if later:
-            for seq, (lead, r) in later.items():
-                n = common_prefix(self.held[lead], r.tokens[:-1])
-                self._share(lead, seq, n, r.tokens)
+            for seq, (lead_seq, r) in later.items():
+                n = common_prefix(self.held[lead_seq], r.tokens[:-1])
+                self._share(lead_seq, seq, n, r.tokens)
                 pending[seq] = (n, r.tokens[n:])
             logits.update(self._feed({seq: pending[seq] for seq in later}, on_step))
         return logits
