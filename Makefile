@@ -42,7 +42,9 @@ CMAKE_FLAGS := $(strip $(PORTABLE) $(RPC) $(GPU) $(LLAMA_CMAKE_ARGS))
 # reuses it; a new machine or new flags build from source.
 LLAMA_CPP_PYTHON := 0.3.36
 CPU_KEY := $(if $(PORTABLE),portable,$(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | md5sum | cut -c1-8))
-WHEEL_KEY := $(shell printf '%s|%s|%s|%s' "$(CMAKE_FLAGS)" "$(DROP)" "$$(uname -m)" "$(CPU_KEY)" | md5sum | cut -c1-10)
+# The patches scripts/build_llama_wheel.py applies to llama.cpp's source are part of the key: a changed patch builds again.
+PATCHES_KEY := $(shell $(PYTHON) scripts/build_llama_wheel.py --patches-key)
+WHEEL_KEY := $(shell printf '%s|%s|%s|%s|%s' "$(CMAKE_FLAGS)" "$(DROP)" "$$(uname -m)" "$(CPU_KEY)" "$(PATCHES_KEY)" | md5sum | cut -c1-10)
 WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/edgeinfer/wheels
 WHEELS := $(WHEEL_CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)-$(WHEEL_KEY)
 
@@ -76,10 +78,11 @@ dist/edgeinfer: $(STAMP) $(BINARY_SOURCES)
 
 # The 25 slowest tests are listed at the end: where the suite's time goes, on every run. The suite keeps
 # about 1.6 cores busy alone; TEST_WORKERS pytest workers (pytest-xdist), each taking one test file at a
-# time (its module servers with it), keep them all busy (docs/testing.md).
+# time (its module servers with it), keep them all busy, the costliest files first (tests/module_seconds.json,
+# docs/testing.md).
 TEST_WORKERS ?= 2
 test: $(STAMP) dist/edgeinfer
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The pure tier only (no model may load: tests/conftest.py): the inner loop, in seconds.
 test-fast: $(STAMP)

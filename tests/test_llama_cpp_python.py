@@ -8,6 +8,7 @@ wrappers) would: nothing of edgeinfer is imported there first.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -109,28 +110,32 @@ def vulkan_source(tmp_path, text_of):
     """The build script, its Vulkan patch, and ggml-vulkan.cpp in an sdist tree under tmp_path holding
     text_of(patch)."""
     build = load_build_script()
-    (sp,) = build.SOURCE_PATCHES
+    (sp,) = (p for p in build.SOURCE_PATCHES if p.flag == "GGML_VULKAN")
     src = tmp_path / sp.path
     src.parent.mkdir(parents=True)
     src.write_text(text_of(sp))
     return build, sp, src
 
 
+def vulkan_patch(build, tree, cmake_args: str) -> list[str]:
+    return build.patch_source(tree, cmake_args, tuple(p for p in build.SOURCE_PATCHES if p.flag == "GGML_VULKAN"))
+
+
 @pytest.mark.pure
 def test_the_vulkan_source_patch_applies_only_with_vulkan_and_only_once(tmp_path):
     build, sp, src = vulkan_source(tmp_path, lambda sp: "void init() {\n" + sp.old + "    create();\n}\n")
     original = src.read_text()
-    assert build.patch_source(tmp_path, "-DGGML_RPC=ON") == []  # not a Vulkan build: untouched
-    assert build.patch_source(tmp_path, "-DGGML_VULKAN=OFF") == []
+    assert vulkan_patch(build, tmp_path, "-DGGML_RPC=ON") == []  # not a Vulkan build: untouched
+    assert vulkan_patch(build, tmp_path, "-DGGML_VULKAN=OFF") == []
     assert src.read_text() == original
-    (reason,) = build.patch_source(tmp_path, "-DGGML_NATIVE=OFF -DGGML_VULKAN=ON")
+    (reason,) = vulkan_patch(build, tmp_path, "-DGGML_NATIVE=OFF -DGGML_VULKAN=ON")
     assert "1.3.261" in reason
     patched = src.read_text()
     # The original block compiles with new headers; the old-header branch makes the instance without settings.
     head, rest = patched.split("#if VK_HEADER_VERSION >= 261", 1)
     assert head == "void init() {\n" and rest.count(sp.old) == 1
     assert f"#else\n{build.VULKAN_NO_SETTINGS}#endif\n    create();" in rest
-    assert build.patch_source(tmp_path, "-DGGML_VULKAN=on") == []  # applied already
+    assert vulkan_patch(build, tmp_path, "-DGGML_VULKAN=on") == []  # applied already
     assert src.read_text() == patched
 
 
@@ -138,7 +143,80 @@ def test_the_vulkan_source_patch_applies_only_with_vulkan_and_only_once(tmp_path
 def test_a_vulkan_source_that_changed_stops_the_build_with_what_to_update(tmp_path):
     build, _, _ = vulkan_source(tmp_path, lambda sp: "// llama.cpp rewrote the instance set-up\n")
     with pytest.raises(SystemExit, match="update SOURCE_PATCHES"):
-        build.patch_source(tmp_path, "-DGGML_VULKAN=1")
+        vulkan_patch(build, tmp_path, "-DGGML_VULKAN=1")
+
+
+CPU_BACKEND_SOURCE = """static void ggml_backend_cpu_buffer_free_buffer(ggml_backend_buffer_t buffer) {{}}
+{clear}
+{owned}    /* .reset           = */ NULL,
+}};
+
+static const struct ggml_backend_buffer_i ggml_backend_cpu_buffer_from_ptr_i = {{
+    /* .clear           = */ ggml_backend_cpu_buffer_clear,
+}};
+"""
+
+
+@pytest.mark.pure
+def test_the_cpu_clear_patch_applies_to_every_build_once_and_to_owned_buffers_only(tmp_path):
+    build = load_build_script()
+    src = tmp_path / build.CPU_BACKEND
+    src.parent.mkdir(parents=True)
+    src.write_text(CPU_BACKEND_SOURCE.format(clear=build.CPU_CLEAR_OLD, owned=build.CPU_TABLE_OLD))
+    reasons = build.patch_source(tmp_path, "-DGGML_NATIVE=OFF -DGGML_RPC=ON")  # a CPU build: no flag needed
+    assert len(reasons) == 2 and all("madvise" in r for r in reasons)
+    patched = src.read_text()
+    owned, from_ptr = patched.split("ggml_backend_cpu_buffer_from_ptr_i")
+    # The owned table clears lazily; a buffer over a caller's pointer (a mapped model file) keeps memset.
+    assert "/* .clear           = */ ggml_backend_cpu_buffer_clear_owned," in owned
+    assert "ggml_backend_cpu_buffer_clear," in from_ptr and "_owned" not in from_ptr
+    assert patched.count("MADV_DONTNEED") == 1 and "#if defined(__linux__)" in patched
+    assert build.patch_source(tmp_path, "") == []  # applied already
+    assert src.read_text() == patched
+    assert build.patches_key() == load_build_script().patches_key()  # the wheel key's part is stable
+
+
+@pytest.mark.pure
+def test_a_cleared_cpu_buffer_reads_zero_to_its_edges_and_hands_its_pages_back():
+    """The built library's clear: a buffer ggml allocated, filled, then cleared, reads as zeros everywhere (its
+    unaligned edges are memset, its whole pages handed back), and on Linux those pages are no longer resident."""
+    from edgeinfer.llamacpp import ggml
+    from edgeinfer.llamacpp.core import init_backend
+
+    init_backend()
+    lib = ggml.lib()
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    for name, res, args in [
+        ("ggml_backend_cpu_buffer_type", vp, []),
+        ("ggml_backend_buft_alloc_buffer", vp, [vp, sz]),
+        ("ggml_backend_buffer_get_base", vp, [vp]),
+        ("ggml_backend_buffer_clear", None, [vp, ctypes.c_uint8]),
+        ("ggml_backend_buffer_free", None, [vp]),
+    ]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    size = 64 * 4096 + 1000  # whole pages and ragged edges
+    buf = lib.ggml_backend_buft_alloc_buffer(lib.ggml_backend_cpu_buffer_type(), size)
+    assert buf
+    try:
+        base = lib.ggml_backend_buffer_get_base(buf)
+        ctypes.memset(base, 0xAB, size)
+        lib.ggml_backend_buffer_clear(buf, 0)
+        if sys.platform == "linux":
+            page = os.sysconf("SC_PAGESIZE")
+            first = (base + page - 1) // page * page
+            count = (base + size) // page - first // page
+            resident = (ctypes.c_ubyte * count)()
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mincore.argtypes = [vp, sz, ctypes.c_void_p]
+            assert libc.mincore(first, count * page, resident) == 0, os.strerror(ctypes.get_errno())
+            kept = sum(b & 1 for b in resident)
+            assert kept == 0, f"{kept} of {count} whole pages are resident after the clear: it touched them (memset)"
+        assert ctypes.string_at(base, size) == bytes(size)
+        ctypes.memset(base, 0xCD, size)  # written again, a page is private memory as before
+        assert ctypes.string_at(base, size) == b"\xcd" * size
+    finally:
+        lib.ggml_backend_buffer_free(buf)
 
 
 @pytest.mark.pure

@@ -461,18 +461,23 @@ def test_max_models_1_swaps_under_load_and_memory_returns(tmp_path, model_path, 
         async def load(models: tuple[str, ...]):
             return await asyncio.gather(*(ask(oai, m, PROMPTS[i % len(PROMPTS)]) for i in range(8) for m in models))
 
+        asyncio.run(ask(oai, a, PROMPTS[0]))
+        one_model = rss_kib(proc.pid)  # a loaded, one answer given
         for model, prompt, text in asyncio.run(load((a,))):  # a alone, warm: the one-model level
             check_answer(references, model, prompt, text)
-        one_model = rss_kib(proc.pid)
         answers = asyncio.run(load((a, b)))  # both at once, one in memory at a time: they swap
         assert len(answers) == 16
         for model, prompt, text in answers:
             check_answer(references, model, prompt, text)
         asyncio.run(ask(oai, b, PROMPTS[0]))
-        asyncio.run(ask(oai, a, PROMPTS[0]))  # b is unloaded to make room
+        asyncio.run(ask(oai, a, PROMPTS[0]))  # b is unloaded to make room: a loaded again, one answer given
         assert loaded(sock) == {a: True, b: False}
         after = rss_kib(proc.pid)
-        assert abs(after - one_model) <= 0.1 * one_model, f"RSS {one_model} KiB with {a} alone, {after} KiB after"
+        # b answered, so all its weights were read and stay resident while it is mapped: b kept would add its
+        # file's size. RSS follows use (the KV cache takes memory as it fills), so the two figures are taken in
+        # the same state.
+        b_kib = q8_model.stat().st_size >> 10
+        assert after - one_model < b_kib // 2, f"RSS {one_model} KiB with {a} alone, {after} KiB after ({b} {b_kib})"
     finally:
         stop_process(proc)
 
