@@ -131,8 +131,9 @@ class EngineConfig(Options):
     )
     flash_attn: FlashAttn = Field(
         "auto",
-        description="Flash attention. auto: off when running on the CPU only (it halves decode speed there at long "
-        "contexts), llama.cpp's choice on a GPU or with a quantized KV cache.",
+        description="Flash attention. auto: on the CPU, on for sliding-window models (Gemma 3) and off for others "
+        "(it halves their decode speed there at long contexts); llama.cpp's choice on a GPU or with a quantized KV "
+        "cache.",
     )
     kv_type: KvType = Field("f16", description="KV cache precision.")
     kv_layout: KvLayout = Field(

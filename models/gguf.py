@@ -63,6 +63,12 @@ class GGUFInfo:
             return f"type {ft}"
 
     @property
+    def sliding_window(self) -> int | None:
+        """Tokens a sliding-window layer attends over (Gemma 3: 512); None for a model without such layers."""
+        value = self.metadata.get(f"{self.architecture}.attention.sliding_window")
+        return int(value) if value else None
+
+    @property
     def context_length(self) -> int | None:
         value = self.metadata.get(f"{self.architecture}.context_length")
         return int(value) if value is not None else None

@@ -194,14 +194,19 @@ def test_bench_with_speculation_compares_on_and_off(runner):
     assert level["spec ngram"]["warm"]["acceptance"] is not None  # code-edit repeats its prompt: drafts happen
 
 
-def test_flash_attention_auto_is_off_on_the_cpu_and_said_so():
-    """On the CPU llama.cpp's auto turns flash attention on, which halves decode speed at long contexts."""
+def test_flash_attention_auto_on_the_cpu_is_on_for_sliding_window_models_only_and_said_so():
+    """On the CPU llama.cpp's auto turns flash attention on, which halves SmolLM2's decode speed at long contexts;
+    a sliding-window model (Gemma 3) computes prompts and decodes faster with it (docs/benchmarks.md)."""
     from edgeinfer.cli.commands import kv_summary
     from edgeinfer.llamacpp import resolve_flash_attn
     from edgeinfer.options import EngineConfig
 
     assert resolve_flash_attn("auto", "f16", 0) == "off"
+    assert resolve_flash_attn("auto", "f16", 0, sliding_window=True) == "on"
     assert resolve_flash_attn("on", "f16", 0) == "on"
+    assert resolve_flash_attn("off", "f16", 0, sliding_window=True) == "off"  # asked for by hand
     assert resolve_flash_attn("auto", "q8_0", 0) == "auto"  # a quantized V cache needs it
     assert "flash attention off (auto: off on the CPU and on Vulkan)" in kv_summary(EngineConfig())
+    gemma = kv_summary(EngineConfig(model="gemma3-270m-q4_k_m", parallel=1, ctx_size=4096))
+    assert gemma.endswith("flash attention on (auto: on the CPU for sliding-window attention)"), gemma
     assert kv_summary(EngineConfig(flash_attn="on")).endswith("flash attention on")

@@ -164,6 +164,7 @@ def test_flash_attention_auto_stays_off_on_vulkan_where_speculation_crashes_it(m
     monkeypatch.setattr(ggml, "local_gpus", lambda: [1])
     monkeypatch.setattr(ggml, "device_name", lambda dev: "Vulkan0")
     assert core.resolve_flash_attn("auto", "f16", "auto") == "off"
+    assert core.resolve_flash_attn("auto", "f16", "auto", sliding_window=True) == "off"  # on the CPU it would be on
     assert core.resolve_flash_attn("auto", "q8_0", -1) == "auto"  # a quantized cache needs it
     assert core.resolve_flash_attn("on", "f16", -1) == "on"  # asked for by hand
     monkeypatch.setattr(ggml, "device_name", lambda dev: "CUDA0")

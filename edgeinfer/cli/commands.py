@@ -108,10 +108,13 @@ def kv_summary(config: EngineConfig) -> str:
     memory, and what --flash-attn auto comes to on this machine."""
     from edgeinfer.engine.sizing import pad, sized
     from edgeinfer.llamacpp import resolve_flash_attn
+    from edgeinfer.models.gguf import read_gguf
 
     config, s = sized(config)
-    fa = resolve_flash_attn(config.flash_attn, config.kv_type, config.gpu_layers)
-    attention = f"flash attention {fa}" + (" (auto: off on the CPU and on Vulkan)" if fa != config.flash_attn else "")
+    sliding = bool(read_gguf(config.model).sliding_window)
+    fa = resolve_flash_attn(config.flash_attn, config.kv_type, config.gpu_layers, sliding)
+    why = "on the CPU for sliding-window attention" if fa == "on" else "off on the CPU and on Vulkan"
+    attention = f"flash attention {fa}" + (f" (auto: {why})" if fa != config.flash_attn else "")
     memory = f"about {s.kv_bytes / 2**20:,.0f} MiB"
     if config.kv_layout == "unified":
         cells = pad(config.ctx_size)

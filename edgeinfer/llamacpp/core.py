@@ -37,20 +37,25 @@ FLASH_ATTN = {
 }
 
 
-def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int | str) -> str:
-    """--flash-attn auto: "off" on the CPU (llama.cpp's auto turns it on there, and its CPU kernel
-    halves decode speed at ~1,000-token contexts: scripts/flash_attn.py); llama.cpp's choice on a
-    GPU other than Vulkan's (below), or with a quantized KV cache, which needs it. gpu_layers "auto" counts
-    as on a GPU when there is one."""
-    if setting == "auto" and gpu_layers != 0:
+def resolve_flash_attn(setting: str, kv_type: str, gpu_layers: int | str, sliding_window: bool = False) -> str:
+    """--flash-attn auto. On the CPU: "on" for a model with sliding-window layers (Gemma 3 270M, one stream,
+    4k and 12k-token prompts: prompts 1.3x and 2.0x as fast with it, decoding after them 1.3x and 1.7x), else
+    "off" (llama.cpp's auto turns it on; SmolLM2 then decoded at 0.88x after a 4k-token prompt, and at half
+    speed on another CPU: docs/benchmarks.md, scripts/flash_attn.py). On a GPU other than Vulkan's (below), or
+    with a quantized KV cache, which needs it: llama.cpp's choice. gpu_layers "auto" counts as on a GPU when
+    there is one."""
+    if setting != "auto" or kv_type != "f16":
+        return setting
+    if gpu_layers != 0:
         init_backend()  # the devices are known once the backends are loaded
     gpus = ggml.local_gpus() if gpu_layers != 0 else []
     # Vulkan: with flash attention, a batch of several rows with logits right after a one-row decode (what
     # speculation sends) crashes this llama.cpp's Vulkan backend (scripts/vulkan_fa_repro.py, seen on Mesa's
     # software device; llama.cpp issue 27314 reports a Vulkan flash-attention segfault on a Radeon card), so
     # auto leaves it off there too, unless a quantized KV cache needs it.
-    on_gpu = bool(gpus) and not all(ggml.device_name(d).startswith("Vulkan") for d in gpus)
-    return "off" if setting == "auto" and kv_type == "f16" and not on_gpu else setting
+    if gpus:
+        return "off" if all(ggml.device_name(d).startswith("Vulkan") for d in gpus) else "auto"
+    return "on" if sliding_window else "off"
 
 
 @functools.cache
@@ -251,7 +256,7 @@ class Context:
         params.n_seq_max = p.n_seq_max
         params.n_threads = threads
         params.n_threads_batch = p.n_threads_batch or threads
-        self.flash_attn = resolve_flash_attn(p.flash_attn, p.kv_type, model.gpu_layers)
+        self.flash_attn = resolve_flash_attn(p.flash_attn, p.kv_type, model.gpu_layers, bool(model.info.sliding_window))
         # A row's logits do not depend on what else its batch holds: measured on the CPU with flash
         # attention on; off, rows round apart by batch shape; on a GPU not checked, so not counted on.
         on_gpu = (model.gpu_layers and ggml.has_gpu()) or model.placement

@@ -52,7 +52,8 @@ class EmbedContext:
         params.n_threads_batch = threads
         params.embeddings = True
         params.pooling_type = _POOLING_TYPE[pooling]
-        params.flash_attn_type = FLASH_ATTN[resolve_flash_attn(flash_attn, "f16", model.gpu_layers)]
+        fa = resolve_flash_attn(flash_attn, "f16", model.gpu_layers, bool(model.info.sliding_window))
+        params.flash_attn_type = FLASH_ATTN[fa]
         params.no_perf = True
         self._h = C.llama_init_from_model(model.handle, params)
         if not self._h:
