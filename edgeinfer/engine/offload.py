@@ -102,6 +102,14 @@ def compute_bytes(metadata: dict[str, Any], n_ubatch: int, cells_seen: int) -> i
     return 4 * floats
 
 
+def tail_cost(layers: list[int], kv_layers: list[int], k: int) -> tuple[int, int]:
+    """The weight and KV bytes of the last k offloadable layers (llama.cpp offloads from the end). layers: each
+    layer's weights, the output layer last, which keeps no KV; kv_layers: each repeating layer's KV."""
+    n = len(layers)
+    kv = list(kv_layers[: n - 1]) + [0] * (n - len(kv_layers[: n - 1]))
+    return sum(layers[n - k :]) if k else 0, sum(kv[n - k :]) if k else 0
+
+
 def fit(
     gpus: list[Gpu],
     layers: list[int],
@@ -120,10 +128,9 @@ def fit(
     budget = sum(max(0, g.free - margin) for g in gpus)
     if cap:
         budget = min(budget, cap)
-    kv = list(kv_layers[: n - 1]) + [0] * (n - 1 - len(kv_layers[: n - 1])) + [0]  # the output layer keeps no KV
 
     def cost(k: int) -> tuple[int, int]:  # the last k layers: (weights, KV)
-        return sum(layers[n - k :]), sum(kv[n - k :])
+        return tail_cost(layers, kv_layers, k)
 
     best = 0
     for k in range(n, 0, -1):
@@ -145,7 +152,7 @@ def fit(
         return replace(
             plan,
             reason=f"{n - best} layers stay on the CPU: the whole model needs "
-            f"{(sum(layers) + sum(kv) + compute) / MIB:,.0f} MiB",
+            f"{(sum(cost(n)) + compute) / MIB:,.0f} MiB",
         )
     if draft and plan.need_bytes + draft <= budget:
         return replace(plan, draft_layers=-1, draft_bytes=draft)
@@ -200,10 +207,10 @@ def plan_for(config: Any, info: GGUFInfo, gpus: list[Gpu] | None = None) -> Offl
     else:  # set by hand: as asked, with the figures for the stats
         n = info.n_layer + 1
         k = (n if config.gpu_layers < 0 else min(config.gpu_layers, n)) if gpus else 0
-        w, kv = layer_bytes(info), [b * config.ctx_size for b in per_cell] + [0]
+        w, kv = tail_cost(layer_bytes(info), [b * config.ctx_size for b in per_cell], k)
         no_gpu = "--gpu-layers asks for layers, but there is no GPU: the CPU runs them"
         plan = Offload(
-            k, n, tuple(gpus), sum(w[n - k :]) if k else 0, sum(kv[n - k :]) if k else 0, compute if k else 0,
+            k, n, tuple(gpus), w, kv, compute if k else 0,
             sum(g.free for g in gpus), draft_layers=k and (-1 if config.gpu_layers < 0 else k), auto=False,
             reason="--gpu-layers set by hand" if gpus or not config.gpu_layers else no_gpu,
         )  # fmt: skip
