@@ -186,11 +186,17 @@ def test_a_draft_model_on_the_device(device, model_path):
     assert c["draft_tokens"] > 0 and c["draft_accepted"] > 0, c
 
 
-def test_a_quantized_kv_cache_on_the_device(device):
-    # A quantized cache needs flash attention (auto turns it on for q8_0).
-    out = generate("--kv-type", "q8_0", "--spec", "off", "--ctx-size", "1024", "--max-tokens", "4", "--raw", HELLO)
-    (c,) = out["completions"]
-    assert c["completion_tokens"] == 4 and c["finish_reason"] == "length" and c["text"].strip(), c
+def test_a_quantized_kv_cache_on_the_device_goes_to_disk_and_comes_back(device, tmp_path):
+    # A quantized cache needs flash attention (auto turns it on for q8_0). The first run's KV is read off the
+    # device into the cache tiers and written to --cache-dir as the run ends; the second run, a new process,
+    # finds it on disk and writes it back onto the device: only the prompt's last token is computed again.
+    args = ["--kv-type", "q8_0", "--spec", "off", "--ctx-size", "1024", "--max-tokens", "4"]
+    args += ["--cache-dir", str(tmp_path), "--raw", CAPITALS]
+    (first,) = generate(*args)["completions"]
+    (again,) = generate(*args)["completions"]
+    for c in (first, again):
+        assert c["completion_tokens"] == 4 and c["finish_reason"] == "length" and c["text"].strip(), c
+    assert first["cached_tokens"] == 0 and again["cached_tokens"] == again["prompt_tokens"] - 1 > MIN_SHARE, again
 
 
 def test_auto_on_a_device_too_small_offloads_part_and_says_so(device):
