@@ -138,6 +138,20 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    longest_first(items)
+
+
+# Each module's seconds in a measured run (scripts/module_seconds.py writes it). `make test`'s workers take a
+# module at a time in this order (--dist loadfile --no-loadscope-reorder): the costliest first, so that what a
+# worker takes last is short and both end near together. Only the order depends on it: a stale figure makes
+# the run longer, never wrong; a module it does not name goes last.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    seconds = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.is_file() else {}
+    # A stable sort: each module's tests stay together and in their own order.
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0))
 
 
 @pytest.hookimpl(hookwrapper=True)
