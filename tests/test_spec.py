@@ -115,6 +115,43 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation_on_or_off(model_
         assert stats.drafted > 0, "unseeded streams speculate"
 
 
+@pytest.mark.parametrize("name", ["default", "gemma3-270m-q4_k_m"])
+def test_a_context_claims_batch_invariance_only_where_a_verified_row_equals_a_plain_one(name):
+    """Seeded streams speculate only on a context that claims a row's logits do not depend on its batch:
+    there a verify chunk's rows must equal the same tokens decoded one at a time, bit for bit (else a seed
+    gives other text with speculation on). Flash attention on, on the CPU: SmolLM2 claims it; Gemma 3, whose
+    rows part, must not."""
+    from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
+    from edgeinfer.models.catalog import resolve_model
+
+    model = Model(resolve_model(name))
+    ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=1, flash_attn="on"))
+    try:
+        prompt = model.vocab.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
+        chunk = model.vocab.tokenize(" The cat sat on the mat and", add_special=False)[:4]
+
+        def decode(tokens: list[int], pos: int, all_logits: bool) -> list[np.ndarray]:
+            batch = Batch(len(tokens))
+            try:
+                last = batch.add(0, tokens, pos, True, 0 if all_logits else -1)
+                assert ctx.decode(batch)
+                rows = range(last - len(tokens) + 1, last + 1) if all_logits else [last]
+                return [ctx.logits(r).copy() for r in rows]
+            finally:
+                batch.close()
+
+        decode(prompt, 0, False)
+        alone = [decode([t], len(prompt) + i, False)[0] for i, t in enumerate(chunk)]
+        ctx.seq_rm(0, len(prompt), -1)
+        verified = decode(chunk, len(prompt), True)
+        apart = [float(np.max(np.abs(a - v))) for a, v in zip(alone, verified, strict=True)]
+        assert not ctx.batch_invariant or not any(apart), f"claimed invariant, yet rows {apart} apart"
+        assert ctx.batch_invariant == (name == "default"), "SmolLM2 was measured invariant with flash attention on"
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_kv_is_clean_after_rejections(model_path):
     params = SamplingParams(temperature=0, max_tokens=60)
     with make_engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
