@@ -2,7 +2,7 @@
 
 import pytest
 
-from edgeinfer.speculative.control import Acceptance, Candidate, Controller, StepCosts
+from edgeinfer.speculative.control import LATENCY_CAP, Acceptance, Candidate, Controller, StepCosts
 
 pytestmark = pytest.mark.pure
 
@@ -32,10 +32,43 @@ def test_drafts_at_low_load_and_steps_back_at_high_load():
     ctl_busy = Controller(max_draft=8)
     cpu_like(ctl_busy.target, fixed=0.010, per_token=0.004)
     busier = ctl_busy.plan(many, base_tokens=16, n_decoding=16, uses_draft_model=False)
-    # Cheap extra tokens (1 ms each at 16 streams): short drafts still pay.
-    assert set(busy.values()) == {2}
+    # Cheap extra tokens (1 ms each at 16 streams): short drafts still pay, as many as keep the step within
+    # LATENCY_CAP plain ones' time (1.75 x 26 ms: one token each of the two that pay).
+    total = sum(busy.values())
+    assert set(busy.values()) == {1}
+    assert ctl.target.estimate(16 + total) <= LATENCY_CAP * ctl.target.estimate(16)
     # Compute-bound (4 ms per token): one more token costs more than it can bring back.
     assert set(busier.values()) == {0}
+
+
+def test_a_step_with_drafts_takes_at_most_latency_cap_plain_ones():
+    """On a CPU a lone stream's extra token costs most of a step (measured: 2 tokens 1.7x, 9 tokens about 4x);
+    drafts that pay on average would still keep each token waiting four steps: the cap holds it under two."""
+    ctl = Controller(max_draft=8)
+    cpu_like(ctl.target, fixed=0.003, per_token=0.007)  # T(1) = 10 ms, T(2) = 17 ms, T(9) = 66 ms
+    assert ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, False) == {1: 1}  # T(2) <= 1.75 T(1) < T(3)
+    for n in (1, 2, 4):
+        ctl.draft.observe(n, 0.004)  # a draft model's step, before the target's
+    assert ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, True) == {1: 0}  # 17 + 4 ms > 17.5 ms
+    # Unmeasured, nothing to cap by: the exploring draft goes ahead.
+    assert Controller(max_draft=8).plan([Candidate(1, 0.9, 8)], 1, 1, False) == {1: 2}
+
+
+def test_a_step_with_drafts_is_costed_against_the_plain_step_at_todays_context():
+    """Measured drafted sizes go stale as the context grows: at one stream, after 1k tokens grew to 4k, seconds
+    kept by size said two tokens cost less than one did now, and the step of five they allowed took 2.4 plain
+    ones. A step with drafts is costed as its measured multiple of the plain step, which is measured now."""
+    ctl = Controller(max_draft=8)
+    for _ in range(10):
+        ctl.target.observe(1, 0.010)
+    ctl.target.observe(2, 0.016, drafts=1)  # at the short context: 1.6 plain steps
+    ctl.target.observe(3, 0.020, drafts=2)  # 2.0
+    for _ in range(30):  # the context grows; the plain step follows it
+        ctl.target.observe(1, 0.022)
+    assert ctl.target.estimate(3, base=1) == pytest.approx(0.044, rel=0.01)  # by size alone: 20 ms
+    assert ctl.target.estimate(5, base=1) == pytest.approx(0.022 * 2.8, rel=0.01)  # 1.0, 1.6, 2.0, then +0.4 a token
+    # A stream sure of its drafts: the cost model pays for many, the cap keeps what fits in 1.75 plain steps.
+    assert ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, False) == {1: 1}
 
 
 def test_low_acceptance_gets_no_draft():

@@ -480,7 +480,7 @@ class Engine:
             self.metrics.decoding_since = None
         t1 = time.perf_counter()
         if self.speculator is not None:
-            self.speculator.observe_step(plan.n_tokens, t1 - t0)
+            self.speculator.observe_step(plan.n_tokens, sum(it.n_draft for it in plan.items), t1 - t0)
         with self.lock:
             outputs = []
             for it, row in zip(plan.items, rows, strict=True):

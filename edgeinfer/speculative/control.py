@@ -8,18 +8,30 @@ So a stream drafts its k-th token only while alpha^k > slope * R0. A draft model
 one draft step per depth d, worth T_draft * R0 tokens, shared by the streams drafting
 that deep: depth d is used only while the sum of alpha_s^d pays for it. As load rises,
 the batch turns compute-bound, slope * R0 approaches 1, and speculation steps back.
+
+A step with drafts also keeps every token waiting until it ends: a one-stream step of nine tokens
+costs about four plain steps on a CPU, so the tokens it brings arrive after a gap four times the
+usual (a chat's stutter, and the inter-token latency's p99). So a step's drafts are also capped
+where its estimated time, drafting included, would pass LATENCY_CAP plain steps; at 16 streams
+that cap leaves room for plenty, alone it holds a stream to a draft token or two.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+# A step with drafts takes at most this many plain steps' time. Inter-token latency's p99 is held to twice its
+# p50; the estimate errs and the machine is noisy, so the cap stands below 2 (at 2.0 one stream's p99 measured
+# 1.5-2.1x its p50, scripts/one_stream.py, docs/benchmarks.md).
+LATENCY_CAP = 1.75
+K = TypeVar("K")
 # Batch sizes at which step times are tracked; others are interpolated.
 _BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
 
 
-def _ema(table: dict[int, float], key: int, x: float, weight: float) -> None:
+def _ema(table: dict[K, float], key: K, x: float, weight: float) -> None:
     """Move table[key] towards x by weight (the first observation is taken as is)."""
     old = table.get(key)
     table[key] = x if old is None else old + weight * (x - old)
@@ -32,34 +44,71 @@ def _bucket(n: int) -> int:
 
 @dataclass(slots=True)
 class StepCosts:
-    """Exponential moving averages of step seconds by batch size (tokens, or streams for drafts)."""
+    """Exponential moving averages of step seconds by batch size (tokens, or streams for drafts).
+
+    A step with drafts is also kept as a multiple of the plain step it grew from (`ratios`, by the
+    buckets of the plain size and of the whole). A plain step is measured nearly every step and follows
+    the context as it grows; a size seen only with drafts may last have been measured at another
+    context: at one stream, seconds kept by size said 18 ms for two tokens where one took 22 ms, after
+    the context grew from 1k to 4k tokens, and the step of five tokens they allowed took 55 ms. What a
+    step with drafts will take is that multiple of the plain step's time now.
+    """
 
     weight: float = 0.2
     table: dict[int, float] = field(default_factory=dict)
+    ratios: dict[tuple[int, int], float] = field(default_factory=dict)
 
-    def observe(self, n: int, seconds: float) -> None:
+    def observe(self, n: int, seconds: float, drafts: int = 0) -> None:
+        if drafts > 0 and (t_base := self.estimate(n - drafts)) is not None and t_base > 0:
+            _ema(self.ratios, (_bucket(n - drafts), _bucket(n)), seconds / t_base, self.weight)
         _ema(self.table, _bucket(n), seconds, self.weight)
 
-    def estimate(self, n: int) -> float | None:
-        """Seconds for a batch of n: linear between the nearest measured buckets; None if none."""
+    def estimate(self, n: int, base: int | None = None) -> float | None:
+        """Seconds for a batch of n; given `base`, for n grown by drafts from a plain batch of base tokens."""
+        if base is None or n <= base:
+            return self._by_size(n)
+        t_base = self._by_size(base)
+        if t_base is None:
+            return None
+        if (ratio := self._ratio(_bucket(base), _bucket(n))) is not None:
+            return t_base * ratio
+        t = self._by_size(n)
+        return None if t is None else max(t, t_base)
+
+    def _ratio(self, b0: int, b: int) -> float | None:
+        """A step of bucket b over a plain one of bucket b0: linear between the measured sizes (and 1.0 at b0
+        itself), extrapolated upwards from the last two; None if no step with drafts grew from b0."""
+        points = {n: r for (base, n), r in self.ratios.items() if base == b0}
+        if not points:
+            return None
+        points.setdefault(b0, 1.0)
+        return _interpolate(points, b)
+
+    def _by_size(self, n: int) -> float | None:
+        """Linear between the nearest measured sizes; None if none."""
         if not self.table:
             return None
-        xs = sorted(self.table)
-        b = _bucket(n)
-        if b in self.table:
-            return self.table[b]
-        lo = [x for x in xs if x < b]
-        hi = [x for x in xs if x > b]
-        if lo and hi:
-            x0, x1 = lo[-1], hi[0]
-            y0, y1 = self.table[x0], self.table[x1]
-            return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
-        if len(xs) >= 2:  # extrapolate from the two nearest
-            x0, x1 = (xs[-2], xs[-1]) if hi == [] else (xs[0], xs[1])
-            y0, y1 = self.table[x0], self.table[x1]
-            slope = max((y1 - y0) / (x1 - x0), 0.0)
-            return max(y0 + slope * (b - x0), 0.0)
-        return self.table[xs[0]]
+        return _interpolate(self.table, _bucket(n))
+
+
+def _interpolate(points: dict[int, float], b: int) -> float:
+    """The value at b of the line through the nearest points either side; past either end, the line
+    through the two nearest (never sloping down); a single point's value everywhere."""
+    if b in points:
+        return points[b]
+    xs = sorted(points)
+    lo = [x for x in xs if x < b]
+    hi = [x for x in xs if x > b]
+    if lo and hi:
+        x0, x1 = lo[-1], hi[0]
+        y0, y1 = points[x0], points[x1]
+        return y0 + (y1 - y0) * (b - x0) / (x1 - x0)
+    if len(xs) >= 2:  # extrapolate from the two nearest
+        x0, x1 = (xs[-2], xs[-1]) if hi == [] else (xs[0], xs[1])
+        y0, y1 = points[x0], points[x1]
+        slope = max((y1 - y0) / (x1 - x0), 0.0)
+        return max(y0 + slope * (b - x0), 0.0)
+    return points[xs[0]]
 
 
 @dataclass(slots=True)
@@ -121,7 +170,29 @@ class Controller:
         if uses_draft_model:
             plan = self._cut_depths(plan, candidates, rate)
         if not any(plan.values()) and self._steps % self.explore_every == 0:
-            return self._explore(candidates)
+            plan = self._explore(candidates)
+        return self._within_latency(plan, candidates, base_tokens, t_base, uses_draft_model)
+
+    def _within_latency(
+        self, plan: dict[int, int], candidates: list[Candidate], base_tokens: int, t_base: float, drafts: bool
+    ) -> dict[int, int]:
+        """Drop draft tokens, the least likely to be accepted first, until the step's estimated time (a draft
+        model's steps included) is at most LATENCY_CAP plain steps."""
+        alpha = {c.key: c.alpha for c in candidates}
+        plan = dict(plan)
+        while (total := sum(plan.values())) > 0:
+            t_step = self.target.estimate(base_tokens + total, base_tokens)
+            if t_step is None:
+                break
+            if drafts:
+                deep = max(plan.values())
+                t_step += sum(
+                    self.draft.estimate(sum(1 for k in plan.values() if k >= d)) or 0.0 for d in range(1, deep + 1)
+                )
+            if t_step <= LATENCY_CAP * t_base:
+                break
+            last = min((key for key, k in plan.items() if k > 0), key=lambda key: alpha[key] ** plan[key])
+            plan[last] -= 1
         return plan
 
     def _cut_depths(self, plan: dict[int, int], candidates: list[Candidate], rate: float) -> dict[int, int]:

@@ -165,8 +165,8 @@ class Speculator:
 
     # --- after the decode -----------------------------------------------------
 
-    def observe_step(self, n_tokens: int, seconds: float) -> None:
-        self.controller.target.observe(n_tokens, seconds)
+    def observe_step(self, n_tokens: int, n_draft: int, seconds: float) -> None:
+        self.controller.target.observe(n_tokens, seconds, n_draft)
 
     def observe_iteration(self, n_decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
         """A decode-only step, drafting and verification included: feeds the gate."""
