@@ -21,6 +21,13 @@ Prints a table per length and the slowest steps; --json writes everything.
 instead times one llama_decode of 1, 2, 3, 4 and 8 tokens of one stream (with logits for every
 row, as draft verification asks; 3 tokens also with the last row's only) after a context of
 each length: what a speculative verify step costs against an ordinary one.
+
+    .venv/bin/python scripts/one_stream_breakdown.py --estimates
+
+instead gives one engine (--spec auto) a prompt of each length in turn, as a server meets them,
+and prints every step with drafts: the time it took against the controller's estimate of it just
+before, and each answer's ITL p50 and p99 (the speculation's step costs going stale as the context
+grows showed here).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +219,39 @@ def engine_run(engine: Any, prompt: list[int], args: argparse.Namespace) -> dict
     }
 
 
+def estimates(path: Path, args: argparse.Namespace, lengths: list[int], words: Callable[[str], list[int]]) -> None:
+    config = EngineConfig(model=path, parallel=args.parallel, ctx_size=args.ctx_size, flash_attn="off", spec="auto")
+    with contextlib.closing(make_engine(config)) as engine:
+        spec = engine.speculator
+        assert spec is not None
+        steps: list[tuple[int, float, float]] = []
+        observe = spec.observe_step
+
+        def timed(n_tokens: int, n_draft: int, seconds: float) -> None:
+            if n_draft:
+                estimate = spec.controller.target.estimate(n_tokens, n_tokens - n_draft) or 0.0
+                steps.append((n_tokens, 1000 * seconds, 1000 * estimate))
+            observe(n_tokens, n_draft, seconds)
+
+        spec.observe_step = timed  # type: ignore[method-assign]
+        for rep in range(args.repeats):
+            for n in lengths:
+                steps.clear()
+                params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+                (handle,) = engine.submit(prompt_ids(n, 1000 * n + rep, words), params)
+                arrivals = [time.perf_counter() for _ in handle][:-1]  # the last event is the Finish
+                gaps = [1000 * (b - a) for a, b in itertools.pairwise(arrivals)]
+                t_plain = spec.controller.target.estimate(1)
+                plain = "-" if t_plain is None else f"{1000 * t_plain:.1f} ms"
+                print(
+                    f"repeat {rep + 1} {n:>5} tokens: ITL p50 {pct(gaps, 0.5):.1f} p99 {pct(gaps, 0.99):.1f} ms;"
+                    f" a plain step now {plain}; {len(steps)} steps with drafts"
+                    + (f", the longest {max(s[1] for s in steps):.1f} ms" if steps else "")
+                )
+                for n_tokens, took, guess in steps:
+                    print(f"    {n_tokens} tokens: {took:5.1f} ms, estimated {guess:5.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="GGUF file or catalog name (default: SmolLM2-135M Q4_1).")
@@ -222,6 +263,9 @@ def main() -> int:
     ap.add_argument("--ctx-size", type=int, default=65536)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--step-costs", action="store_true", help="Time decodes of 1-8 tokens after each context instead.")
+    ap.add_argument(
+        "--estimates", action="store_true", help="Each step with drafts against its estimate, lengths in turn, instead."
+    )
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     path = resolve_model(args.model)
@@ -229,6 +273,11 @@ def main() -> int:
         with contextlib.closing(Model(path)) as model:
             for n in lengths:
                 step_costs(model, args, n)
+        return 0
+
+    if args.estimates:
+        with contextlib.closing(Model(path)) as model:
+            estimates(path, args, lengths, lambda text: model.vocab.tokenize(text, add_special=False))
         return 0
 
     config = EngineConfig(model=path, parallel=args.parallel, ctx_size=args.ctx_size, flash_attn="off")
