@@ -12,8 +12,8 @@ the batch turns compute-bound, slope * R0 approaches 1, and speculation steps ba
 A step with drafts also keeps every token waiting until it ends: a one-stream step of nine tokens
 costs about four plain steps on a CPU, so the tokens it brings arrive after a gap four times the
 usual (a chat's stutter, and the inter-token latency's p99). So a step's drafts are also capped
-where its estimated time, drafting included, would pass LATENCY_CAP plain steps; at 16 streams
-that cap leaves room for plenty, alone it holds a stream to a draft token or two.
+where its estimated time, drafting included, would pass LATENCY_CAP plain steps: alone on a CPU
+that holds a stream to a draft token or two, where at 16 streams an extra token costs little of a step.
 """
 
 from __future__ import annotations
