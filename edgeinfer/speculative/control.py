@@ -19,6 +19,7 @@ that holds a stream to a draft token or two, where at 16 streams an extra token 
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -180,19 +181,32 @@ class Controller:
         model's steps included) is at most LATENCY_CAP plain steps."""
         alpha = {c.key: c.alpha for c in candidates}
         plan = dict(plan)
-        while (total := sum(plan.values())) > 0:
-            t_step = self.target.estimate(base_tokens + total, base_tokens)
-            if t_step is None:
+        # Estimates are the same across a bucket, and a trim may drop a hundred tokens one by one: each
+        # bucket is estimated once, and the next token to drop comes off a heap (ties: the plan's order).
+        target: dict[int, float | None] = {}
+        draft: dict[int, float] = {}
+        heap = [(alpha[key] ** k, i, key) for i, (key, k) in enumerate(plan.items()) if k > 0]
+        heapq.heapify(heap)
+        total = sum(plan.values())
+        while total > 0:
+            n = base_tokens + total
+            if (b := _bucket(n)) not in target:
+                target[b] = self.target.estimate(n, base_tokens)
+            if (t_step := target[b]) is None:
                 break
             if drafts:
-                deep = max(plan.values())
-                t_step += sum(
-                    self.draft.estimate(sum(1 for k in plan.values() if k >= d)) or 0.0 for d in range(1, deep + 1)
-                )
+                for d in range(1, max(plan.values()) + 1):
+                    streams = sum(1 for k in plan.values() if k >= d)
+                    if (b := _bucket(streams)) not in draft:
+                        draft[b] = self.draft.estimate(streams) or 0.0
+                    t_step += draft[b]
             if t_step <= LATENCY_CAP * t_base:
                 break
-            last = min((key for key, k in plan.items() if k > 0), key=lambda key: alpha[key] ** plan[key])
+            _, i, last = heapq.heappop(heap)
             plan[last] -= 1
+            total -= 1
+            if plan[last] > 0:
+                heapq.heappush(heap, (alpha[last] ** plan[last], i, last))
         return plan
 
     def _cut_depths(self, plan: dict[int, int], candidates: list[Candidate], rate: float) -> dict[int, int]:
