@@ -110,8 +110,9 @@ def kv_summary(config: EngineConfig) -> str:
     from edgeinfer.llamacpp import resolve_flash_attn
     from edgeinfer.models.gguf import read_gguf
 
-    config, s = sized(config)
-    sliding = bool(read_gguf(config.model).sliding_window)
+    info = read_gguf(config.model)
+    config, s = sized(config, info)
+    sliding = bool(info.sliding_window)
     fa = resolve_flash_attn(config.flash_attn, config.kv_type, config.gpu_layers, sliding)
     why = "on the CPU for sliding-window attention" if fa == "on" else "off on the CPU and on Vulkan"
     attention = f"flash attention {fa}" + (f" (auto: {why})" if fa != config.flash_attn else "")

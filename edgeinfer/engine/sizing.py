@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edgeinfer.models.gguf import GGUFInfo
 
 MAX_AUTO_STREAMS = 8  # streams chosen by memory, at most
 MIN_STREAM_CELLS = 512  # a stream holds at least this much, budget or not
@@ -113,12 +116,12 @@ def size(
     return Sizing(n, per * n, per, trained, per_cell, budget, why)
 
 
-def sized(config: Any) -> tuple[Any, Sizing]:
+def sized(config: Any, info: GGUFInfo | None = None) -> tuple[Any, Sizing]:
     """config (an EngineConfig) with --ctx-size and --parallel decided, and how they were (reads the GGUF's
-    header only: about 0.1 s)."""
+    header, about 0.1 s, unless its GGUFInfo is given)."""
     from edgeinfer.models.gguf import read_gguf
 
-    info = read_gguf(config.model)
+    info = info or read_gguf(config.model)
     s = size(
         info.metadata, config.ctx_size, config.parallel, config.kv_type, config.kv_budget, config.kv_layout == "unified"
     )
