@@ -251,6 +251,34 @@ async def test_async_api_streams_events(engine):
     gate.one_generation(events[-1].text, "".join(e.text for e in events[:-1] if isinstance(e, Chunk)))
 
 
+async def test_an_answers_end_reaches_its_caller_before_its_kv_is_copied_to_the_tiers(engine, monkeypatch):
+    """Defect: the copy to the RAM tier (13 ms for 1k tokens) ran before the step's events went out, so the last
+    token and the finish of every answer came that much late."""
+    assert engine.wait_idle()  # an earlier test's answer has been saved
+    order = []
+    outbox, kv = engine.emitter.outbox, engine.sched.kv
+    flush, save = outbox.flush, kv.save
+
+    def logged_flush():
+        pending = [ev for items in outbox._pending.values() for _, ev in items]
+        order.extend(type(ev).__name__ for ev in pending)
+        order.append("flush")
+        return flush()
+
+    def logged_save(seq, tokens):
+        order.append("save")
+        save(seq, tokens)
+
+    monkeypatch.setattr(outbox, "flush", logged_flush)
+    monkeypatch.setattr(kv, "save", logged_save)
+    handles = await engine.asubmit(chat(engine, PROMPTS[1]), SamplingParams(temperature=0, max_tokens=6))
+    events = [ev async for ev in handles[0]]
+    assert isinstance(events[-1], Finish) and events[-1].finish_reason == "length"
+    assert engine.wait_idle()
+    assert order.count("save") == 1 and "Finish" in order
+    assert order.index("Finish") < order.index("flush", order.index("Finish")) < order.index("save")
+
+
 def test_snapshot_reports_model_and_totals(engine):
     engine.generate(chat(engine, "hi"), SamplingParams(max_tokens=4))
     snap = engine.snapshot()

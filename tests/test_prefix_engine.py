@@ -62,6 +62,7 @@ def test_ram_tier_evicts_least_recently_used_and_leaves_live_streams_intact(mode
         for i in range(6):
             eng.generate(ask(eng, f"Question {i}: {QUESTIONS[i % 3]}", system=f"Shop {i}. " + SYSTEM), PLAIN)
         got = story.result()
+        assert eng.wait_idle()  # the answers' KV is saved once they are out
         cache = eng.snapshot().cache
         assert cache.ram_evictions >= 3 and cache.ram_bytes <= 4 << 20
         same_or_near_tie(want, got, eng, ask(eng, long_q))

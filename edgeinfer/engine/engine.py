@@ -286,12 +286,11 @@ class Engine:
             return not self.sched.has_work()
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Block until no stream is running or waiting (tests, benchmarks)."""
+        """Block until no stream is running, waiting, or ended with its KV still to save (tests, benchmarks)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            with self.lock:
-                if not self.sched.running and not self.sched.waiting:
-                    return True
+            if self.is_idle():
+                return True
             time.sleep(0.005)
         return False
 
@@ -411,8 +410,14 @@ class Engine:
             faults.die(self, e)
 
     def _wait_for_work(self) -> bool:
-        """Hand out the last step's events and wait for streams or work between steps; False once closed."""
+        """Hand out the last step's events, then save what the streams it ended leave in the KV cache; wait for
+        streams or work between steps; False once closed."""
         self._flush()
+        try:
+            with self.lock:
+                self.sched.retire_ended()
+        except Exception as e:  # saving a sequence failed: like a step failing
+            faults.fail_all(self, e)
         with self.lock:
             while not self.sched.has_work() and not self._closing and not any(w.pending() for w in self._between):
                 self._wake.wait()
