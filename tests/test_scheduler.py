@@ -243,6 +243,23 @@ def test_a_stream_ended_by_its_last_token_is_saved_after_the_step_then_its_next_
     assert plan.items[0].stream is g2.streams[0] and plan.items[0].pos0 == 22
 
 
+def test_a_failed_save_still_frees_its_sequence_and_the_others_are_saved():
+    class FailingKv(FakeKv):
+        def save(self, seq, tokens):
+            if seq == 0:
+                raise RuntimeError("no memory for the copy")
+            super().save(seq, tokens)
+
+    s = make(kv=FailingKv())
+    groups = [s.add(list(range(10 * i + 1, 10 * i + 21)), 1, 1) for i in range(2)]
+    plan = s.schedule()
+    s.postprocess(plan, [StepOutput(g.streams[0], [5], status=Status.LENGTH) for g in groups])
+    with pytest.raises(RuntimeError, match="no memory"):
+        s.retire_ended()
+    assert sorted(s.free_seqs) == [0, 1, 2, 3] and not s.has_work()
+    assert [c[:2] for c in s.kv.calls if c[0] == "save"] == [("save", 1)]
+
+
 def test_a_prompt_parting_inside_a_saved_entry_restores_up_to_the_parting():
     s = make()
     system = list(range(100, 140))  # a 40-token shared system prompt

@@ -210,8 +210,15 @@ class Scheduler:
     def retire_ended(self) -> None:
         """Save and free the sequences of the streams the last post-processing ended (their callers have their
         last tokens by now: the copy to the tiers, 13 ms for 1k tokens of SmolLM2, no longer delays them)."""
-        while self._ended:
-            self._retire(*self._ended.pop(0))
+        ended, self._ended = self._ended, []
+        failed: BaseException | None = None
+        for seq, tokens in ended:
+            try:
+                self._retire(seq, tokens)
+            except Exception as e:  # the sequence is freed all the same; the others are still saved
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def _complete(self, plan: StepPlan) -> None:
         """Record that the plan's batch is now in the KV cache."""
