@@ -1,0 +1,79 @@
+"""Every inter-token gap of one streamed answer, through a running server's Unix socket: where the ITL spikes fall.
+
+    .venv/bin/python scripts/itl_gaps.py --socket /tmp/edgeinfer.sock --workload multi-agent
+
+Sends stream 0 of a workload (`edgeinfer bench`'s prompts) as a streamed chat completion,
+greedy, `ignore_eos`, --repeats times (the first one cold, the rest warm), and prints each
+answer's gaps between content chunks in milliseconds, then their p50 and p99 over the warm
+answers and the last gap of each (the answer's end, where a server's bookkeeping for a
+finished stream shows). Works against `edgeinfer serve` and llama-server alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from one_stream import pct
+
+from edgeinfer.bench.workloads import MAX_TOKENS, WORKLOADS, messages
+
+
+def gaps_of(http: httpx.Client, body: dict[str, object]) -> list[float]:
+    """The gaps (ms) between the content chunks of one streamed answer."""
+    t0 = time.perf_counter()
+    arrivals = []
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            sys.exit(f"the server answered {r.status_code}: {r.read().decode(errors='replace')}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                arrivals.append(time.perf_counter() - t0)
+    return [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", required=True, type=Path, help="The server's Unix socket.")
+    ap.add_argument("--workload", default="multi-agent", choices=WORKLOADS)
+    ap.add_argument("--max-tokens", type=int, default=None, help="Default: the workload's own.")
+    ap.add_argument("--repeats", type=int, default=4, help="Answers; the first is cold.")
+    args = ap.parse_args()
+    if not args.socket.exists():
+        sys.exit(f"no socket at {args.socket}: start a server there first (edgeinfer serve --socket ...)")
+    body = {
+        "model": "default",
+        "messages": messages(args.workload, 1)[0],
+        "max_tokens": args.max_tokens or MAX_TOKENS[args.workload],
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    warm: list[float] = []
+    lasts: list[float] = []
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(args.socket)), base_url="http://server", timeout=300) as h:
+        for i in range(args.repeats):
+            gaps = gaps_of(h, body)
+            print(f"{'cold' if i == 0 else 'warm'}: " + " ".join(f"{g:.1f}" for g in gaps))
+            if i > 0 and gaps:
+                warm += gaps
+                lasts.append(gaps[-1])
+    if warm:
+        p50 = pct(warm, 0.5)
+        print(f"warm ITL p50 {p50:.1f} ms, p99 {pct(warm, 0.99):.1f} ms ({pct(warm, 0.99) / p50:.2f}x)")
+        last = statistics.median(lasts)
+        print(f"last gap of each warm answer: median {last:.1f} ms ({last / p50:.2f}x p50)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
