@@ -278,7 +278,7 @@ def _parts_at_near_ties_only(
         if len(ref.token_ids) == left:
             return f"the reference hit max_tokens at {len(done)} of {len(ans.text)} chars"
         # The reference ended (end of text) where the answer went on: the top five there.
-        lp = eng.generate(ids, SamplingParams(temperature=0, max_tokens=1, logprobs=5, ignore_eos=True)).logprobs[0]
+        lp = eng.generate(ids, SamplingParams(temperature=0, max_tokens=1, logprobs=5)).logprobs[0]
     why = _force(eng, ans, ids, done, lp, gaps, forced)
     for f_ids, f_done, t, s, gap in reversed(forks) if why else ():
         branch: list[float] = [gap]

@@ -279,6 +279,37 @@ async def test_an_answers_end_reaches_its_caller_before_its_kv_is_copied_to_the_
     assert order.index("Finish") < order.index("flush", order.index("Finish")) < order.index("save")
 
 
+def test_ignore_eos_runs_to_max_tokens_without_an_end_of_generation_token(engine):
+    """As llama-server has it: no end-of-turn token is picked, so the text goes on as text. Defect: the end of
+    turn was emitted (as nothing) and the model wrote the next turn's header, so a benchmark's answer held
+    tokens no client saw, and its inter-token gaps spanned them (agent workload: ITL p99 2.9x p50)."""
+    prompt = chat(engine, "Say hello.")
+    assert engine.generate(prompt, SamplingParams(temperature=0, max_tokens=64)).finish_reason == "stop"
+    for params in (
+        SamplingParams(temperature=0, max_tokens=64),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=64),
+    ):
+        handles = engine.submit(prompt, params.model_copy(update={"ignore_eos": True}), n=2)
+        for r in (h.result() for h in handles):
+            assert r.finish_reason == "length" and len(r.token_ids) == 64
+            assert not [t for t in r.token_ids if engine.vocab.is_eog(t)]
+
+
+def test_a_banned_token_is_never_the_greedy_pick():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edgeinfer.llamacpp import Sampler
+
+    logits = np.array([0.0, 1.0, 5.0, 3.0], dtype=np.float32)
+    ctx = SimpleNamespace(argmax=lambda row: int(logits.argmax()), logits=lambda row: logits)
+    assert Sampler(4).greedy(ctx, 0) == 2
+    banned = Sampler(4, banned=(2,))
+    assert banned.greedy(ctx, 0) == 3 and banned.sample(ctx, 0) == 3
+    assert banned.logits(ctx, 0)[2] == -np.inf and logits[2] == 5.0  # the row itself is left alone
+
+
 def test_snapshot_reports_model_and_totals(engine):
     engine.generate(chat(engine, "hi"), SamplingParams(max_tokens=4))
     snap = engine.snapshot()

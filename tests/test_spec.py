@@ -319,3 +319,16 @@ def test_streams_of_one_prompt_copy_its_draft_prefix_instead_of_computing_it_aga
     assert stats.error is None and stats.drafted > 0
     # Without the copies: at least 4 x the prompt. With them: the prompt once, and each stream's tokens.
     assert len(prompt) <= computed < len(prompt) + 4 * 2 * 12, (computed, len(prompt))
+
+
+def test_verified_drafts_never_pick_a_token_ignore_eos_bans(model_path):
+    """Greedy verification reads the target's pick through the stream's sampler: with ignore_eos no end of
+    turn is accepted or emitted, drafted or not (llama-server's meaning)."""
+    with make_engine(EngineConfig(model=model_path, spec="ngram", **EXACT)) as eng:
+        prompt = chat(eng, "Say hello.")
+        assert eng.generate(prompt, SamplingParams(temperature=0, max_tokens=160)).finish_reason == "stop"
+        r = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True))
+        stats = eng.snapshot().spec
+    assert r.finish_reason == "length" and len(r.token_ids) == 160
+    assert not [t for t in r.token_ids if eng.vocab.is_eog(t)]
+    assert stats.drafted > 0

@@ -212,10 +212,13 @@ class Engine:
             self.check_open()
             group = self.sched.add(tokens, n, max_new)
             handles = []
+            # ignore_eos as llama-server has it: no end-of-generation token is picked (the text goes on as text,
+            # not past an end of turn); a grammar's end is still its end.
+            banned = self.vocab.eog_ids if params.ignore_eos and not params.grammar else ()
             for s, grammar in zip(group.streams, grammars, strict=True):
                 s.handle = StreamHandle(s.id, s.index, self.cancel, loop)
                 s.params, s.grammar, s.t_submit = params, grammar, t_submit
-                s.sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens)
+                s.sampler = make_sampler(params, self.vocab.n_tokens, s.index, tokens, banned)
                 s.text = TextStream(params.stop)
                 self.streams[s.id] = s
                 if self.speculator is not None:

@@ -9,8 +9,11 @@ from edgeinfer.llamacpp import Context, Sampler, Vocab
 from edgeinfer.options import SamplingParams
 
 
-def make_sampler(p: SamplingParams, n_vocab: int, index: int = 0, prompt: list[int] | None = None) -> Sampler:
-    """The sampler of stream `index` of a request; with penalties it has already seen the prompt's tail.
+def make_sampler(
+    p: SamplingParams, n_vocab: int, index: int = 0, prompt: list[int] | None = None, banned: tuple[int, ...] = ()
+) -> Sampler:
+    """The sampler of stream `index` of a request; with penalties it has already seen the prompt's tail; it
+    never picks a `banned` token.
 
     n streams with one seed must still differ: stream i draws with seed + i.
     """
@@ -26,6 +29,7 @@ def make_sampler(p: SamplingParams, n_vocab: int, index: int = 0, prompt: list[i
         repeat_last_n=p.repeat_last_n,
         seed=None if p.seed is None else p.seed + index,
         logit_bias=p.logit_bias,
+        banned=banned,
     )
     if p.has_penalties and prompt and p.repeat_last_n:
         for t in prompt[-p.repeat_last_n :]:

@@ -117,6 +117,7 @@ class Vocab:
         # Llama 3's <|python_tag|>), which llama.cpp would otherwise render as nothing, hiding them from the parsers.
         self.shown: set[int] = set()
         self._eog = np.array([bool(C.llama_vocab_is_eog(handle, t)) for t in range(self.n_tokens)])
+        self.eog_ids: tuple[int, ...] = tuple(int(t) for t in np.flatnonzero(self._eog))  # end-of-generation tokens
 
     def handle(self) -> C.llama_vocab_p:
         if self._h is None:

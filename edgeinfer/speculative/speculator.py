@@ -181,11 +181,14 @@ class Speculator:
         k = len(draft)
         row0 = item.row0
         if p.temperature <= 0:
-            argmax = [ctx.argmax(row0 + i) for i in range(k + 1)]
+            argmax = [sampler.greedy(ctx, row0 + i) for i in range(k + 1)]
             out = verify_greedy(draft, argmax)
         elif st.q is not None and len(st.q) == k:  # drafts drawn from q: --spec-verify rejection
             probs = np.stack(
-                [sampling_probs(ctx.logits(row0 + i), p.temperature, p.top_k, p.top_p, p.min_p) for i in range(k + 1)]
+                [
+                    sampling_probs(sampler.logits(ctx, row0 + i), p.temperature, p.top_k, p.top_p, p.min_p)
+                    for i in range(k + 1)
+                ]
             )
             out = verify_rejection(draft, st.q, probs, st.rng)
         else:  # sample-and-match: the stream's sampler draws at each position, as without drafts
