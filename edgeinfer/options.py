@@ -302,7 +302,10 @@ class SamplingFields(BaseModel):
     stop: Annotated[list[str], Field(max_length=MAX_STOPS)] = Field(
         default_factory=list, description=f"Stop string (repeatable; at most {MAX_STOPS})."
     )
-    ignore_eos: bool = Field(False, description="Generate exactly max_tokens, past end-of-text (benchmarks).")
+    ignore_eos: bool = Field(
+        False,
+        description="Generate exactly max_tokens, never picking an end-of-text token (as llama-server; benchmarks).",
+    )
 
     @model_validator(mode="before")
     @classmethod
