@@ -13,32 +13,20 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import httpx
-from one_stream import pct
+from one_stream import pct, text_arrivals
 
 from edgeinfer.bench.workloads import MAX_TOKENS, WORKLOADS, messages
 
 
-def gaps_of(http: httpx.Client, body: dict[str, object]) -> list[float]:
+def gaps_of(http: httpx.Client, body: dict[str, object], name: str) -> list[float]:
     """The gaps (ms) between the content chunks of one streamed answer."""
-    t0 = time.perf_counter()
-    arrivals = []
-    with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            sys.exit(f"the server answered {r.status_code}: {r.read().decode(errors='replace')}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                arrivals.append(time.perf_counter() - t0)
-    return [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
+    stamps = text_arrivals(http, "/v1/chat/completions", body, name)
+    return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
 
 
 def main() -> int:
@@ -62,7 +50,7 @@ def main() -> int:
     lasts: list[float] = []
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(args.socket)), base_url="http://server", timeout=300) as h:
         for i in range(args.repeats):
-            gaps = gaps_of(h, body)
+            gaps = gaps_of(h, body, args.socket.name)
             print(f"{'cold' if i == 0 else 'warm'}: " + " ".join(f"{g:.1f}" for g in gaps))
             if i > 0 and gaps:
                 warm += gaps

@@ -59,23 +59,30 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def text_arrivals(http: httpx.Client, path: str, body: dict[str, Any], name: str) -> list[float]:
+    """POST a streamed request; the time (perf_counter) of each chunk that carries text: a completion's `text`
+    or a chat completion's `delta.content`."""
+    stamps: list[float] = []
+    with http.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            sys.exit(f"{name}: {r.status_code} {r.text[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if any(c.get("text") or c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                stamps.append(time.perf_counter())
+    return stamps
+
+
 def one_answer(sock: Path, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """Stream one completion; the time of each token's arrival gives TTFT, decode rate and ITL."""
     body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     body |= {"ignore_eos": True, "stream": True}
-    stamps: list[float] = []
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://server", timeout=600) as http:
         start = time.perf_counter()
-        with http.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                r.read()
-                sys.exit(f"{sock.name}: {r.status_code} {r.text[:300]}")
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if any(c.get("text") for c in chunk.get("choices", [])):
-                    stamps.append(time.perf_counter())
+        stamps = text_arrivals(http, "/v1/completions", body, sock.name)
     if len(stamps) < 2:
         sys.exit(f"{sock.name}: {len(stamps)} tokens came back; expected {max_tokens}")
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
