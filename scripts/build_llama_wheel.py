@@ -205,10 +205,10 @@ VULKAN_NO_SETTINGS = (
 # The CPU's buffers are cleared with memset. llama.cpp clears its KV cache once it is allocated, so a
 # process touched every page of it before its first token: gigabytes at the default context (Gemma 3 270M,
 # 8 streams of 32k cells: 5 GB resident, 2.6 s of page faults on an Intel Xeon VM, 14.75 s on an AMD one).
-# Linux's madvise(MADV_DONTNEED) hands a
-# private anonymous mapping's whole pages back, and they read as zeros when next touched: the cache is
-# cleared at once and takes RAM as it fills. Only buffers ggml allocated itself (ggml_aligned_malloc), never
-# one made from a caller's pointer (a mapped model file would read back from its file, not as zeros).
+# Linux's madvise(MADV_DONTNEED) hands a private anonymous mapping's whole pages back, and they read as
+# zeros when next touched: the cache is cleared at once and takes RAM as it fills. Only buffers ggml
+# allocated itself (ggml_aligned_malloc), never one made from a caller's pointer (a mapped model file would
+# read back from its file, not as zeros).
 CPU_CLEAR_OLD = """static void ggml_backend_cpu_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) {
     GGML_ASSERT(buffer);
     memset(buffer->context, value, buffer->size);

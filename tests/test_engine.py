@@ -5,13 +5,16 @@ from __future__ import annotations
 import codecs
 import threading
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from edgeinfer.bench.exclusive import run_exclusive
 from edgeinfer.bench.workloads import QUESTIONS
 from edgeinfer.errors import ContextLengthError, EngineClosedError, RequestError
 from edgeinfer.events import Chunk, Finish
+from edgeinfer.llamacpp import Sampler
 from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.runtime import make_engine
 
@@ -296,12 +299,6 @@ def test_ignore_eos_runs_to_max_tokens_without_an_end_of_generation_token(engine
 
 
 def test_a_banned_token_is_never_the_greedy_pick():
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from edgeinfer.llamacpp import Sampler
-
     logits = np.array([0.0, 1.0, 5.0, 3.0], dtype=np.float32)
     ctx = SimpleNamespace(argmax=lambda row: int(logits.argmax()), logits=lambda row: logits)
     assert Sampler(4).greedy(ctx, 0) == 2
