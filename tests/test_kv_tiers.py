@@ -50,7 +50,7 @@ def test_a_prompt_longer_than_a_streams_share_is_a_clear_error(model_path):
         assert eng.generate(long_prompt, SamplingParams(max_tokens=4)).stats.completion_tokens == 4
 
 
-def test_the_next_turn_is_restored_from_ram_and_computes_only_its_own_tokens(model_path):
+def test_the_next_turn_goes_on_where_the_last_ended_or_from_ram_and_computes_only_its_own_tokens(model_path):
     config = EngineConfig(model=model_path, parallel=2, ctx_size=4096, spec="off")
     with make_engine(config.replace(cache_ram=0)) as cold:
         first = cold.generate(turns(cold, "What is a verb?"), GREEDY)
@@ -60,14 +60,23 @@ def test_the_next_turn_is_restored_from_ram_and_computes_only_its_own_tokens(mod
         n_first = len(turns(eng, "What is a verb?"))
         again = eng.generate(turns(eng, "What is a verb?"), GREEDY)
         gate.same_shapes(again.token_ids, first.token_ids, "greedy, a cold cache in both, nothing drafted")
-        assert eng.snapshot().kv.used_cells == 0  # the cells were freed at once
-        assert eng.wait_idle() and eng.snapshot().cache.ram_entries == 1  # and the KV went to RAM once the
-        # answer was out
+        assert eng.snapshot().kv.used_cells == 0  # its reservation was freed at once
+        assert eng.wait_idle() and eng.snapshot().prefix_cache.kept == 1  # its KV stayed in its sequence
+        second = eng.generate(second_prompt, GREEDY)
+        snap = eng.snapshot()
+        same_or_near_tie(want, second, eng, second_prompt)
+    assert snap.prefix_cache.resumed_in_place == 1 and snap.cache.saves == 0 and snap.cache.restores == 0
+    # Everything up to the end of the first reply was there; only the new turn was computed.
+    assert second.stats.cached_tokens >= n_first + len(first.token_ids) - 2
+    # With one sequence, another conversation in between sends the first to RAM; its next turn comes back.
+    with make_engine(config.replace(parallel=1)) as eng:
+        eng.generate(turns(eng, "What is a verb?"), GREEDY)
+        eng.generate(eng.tokenize("Count from one to ten: one, two, three,"), SamplingParams(max_tokens=4))
+        assert eng.wait_idle() and eng.snapshot().cache.ram_entries == 1
         second = eng.generate(second_prompt, GREEDY)
         cache = eng.snapshot().cache
         same_or_near_tie(want, second, eng, second_prompt)
     assert cache.restores == 1 and cache.ram_hits == 1
-    # Everything up to the end of the first reply came back; only the new turn was computed.
     assert second.stats.cached_tokens >= n_first + len(first.token_ids) - 2
 
 

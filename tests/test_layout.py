@@ -59,6 +59,7 @@ def test_the_scheduler_is_pure_python():
             "__future__",
             "enum",
             "collections",
+            "itertools",
             "dataclasses",
             "typing",
             "edgeinfer",

@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from edgeinfer.engine import faults
+from edgeinfer.engine.disk import warn_stderr
 from edgeinfer.engine.embeddings import Embeddings
 from edgeinfer.engine.emit import Emitter
 from edgeinfer.engine.facts import ModelFacts
@@ -149,6 +150,8 @@ class Engine:
             token_budget=self.ctx.n_batch,
             cells_per_seq=self.ctx.n_ctx_seq if self.per_seq else None,
             max_queue=config.max_queue,
+            # Finished conversations stay in their sequences where there are tiers to keep them in at all.
+            keep_finished=self.store is not None and self.store.ram_bytes > 0,
         )
         self.metrics = Metrics()
         # Threads fitted to the load only where the user left them to us (--threads and --threads-batch 0).
@@ -247,10 +250,12 @@ class Engine:
                 self._wake.notify()
 
     def reset_prefixes(self) -> None:
-        """Forget the saved KV of finished conversations held in RAM (the chat's /reset)."""
+        """Forget the KV of finished conversations: in RAM, and in the sequences they ended in (the chat's /reset)."""
         with self.lock:
             if self.store is not None:
                 self.store.clear()
+            self.sched.forget_kept()
+            self._wake.notify()
 
     def check_open(self) -> None:
         """EngineFailedError or EngineClosedError when the engine takes no new work; the caller holds the lock."""
@@ -354,6 +359,11 @@ class Engine:
                 self.sched.cancel(s)
             self._wake.notify()
         self._thread.join()
+        if self.fatal_error is None:
+            try:  # the conversations still in their sequences go to the tiers, the disk too, for a restart
+                self.sched.release_kept(save=True)
+            except Exception as e:
+                warn_stderr(f"the finished conversations' KV was not saved at close ({e}); they start cold next time")
         if self.store is not None:
             self.store.close()
         if self.speculator is not None:

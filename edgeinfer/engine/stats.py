@@ -105,6 +105,8 @@ class TokenStats(_Stats):
 class PrefixCacheStats(_Stats):
     hit_tokens: int = 0  # prompt tokens whose KV was restored or copied instead of computed
     computed_tokens: int = 0  # prompt tokens computed
+    kept: int = 0  # finished conversations still in their KV sequences now
+    resumed_in_place: int = 0  # prompts that went on in the sequence their conversation ended in
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -332,7 +334,10 @@ def build_stats(view: EngineView) -> EngineStats:
             forced=m.forced_tokens,
         ),
         prefix_cache=PrefixCacheStats(
-            hit_tokens=sched.prompt_tokens_cached, computed_tokens=sched.prompt_tokens_computed
+            hit_tokens=sched.prompt_tokens_cached,
+            computed_tokens=sched.prompt_tokens_computed,
+            kept=len(sched.kept),
+            resumed_in_place=sched.resumed_in_place,
         ),
         cache=view.cache if view.cache is not None else CacheStats(),
         rate=RateStats(generated_tps_1s=m.generated_tps(1.0), generated_tps_10s=m.generated_tps(10.0)),
