@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgeinfer.engine.prefix import PrefixTrie
+from edgeinfer.engine.prefix import PrefixIndex
 from edgeinfer.engine.requests import check_request
 from edgeinfer.engine.scheduler import Scheduler, Status, StepOutput
 from edgeinfer.errors import ContextLengthError, QueueFullError, RequestError
@@ -19,7 +19,7 @@ class FakeKv:
     def __init__(self, per_seq=False, restorable=True):
         self.calls = []
         self.saved = {}
-        self.index = PrefixTrie()
+        self.index = PrefixIndex()
         self.per_seq = per_seq
         self.restorable = restorable
 
@@ -461,7 +461,7 @@ def test_a_kept_conversation_resumes_in_place_only_where_the_running_sequences_s
     """llama.cpp decodes one KV stream per sequence in one pass only over consecutive ids: a turn resumed in a
     kept sequence apart from the running ones would split every step in two for its whole answer."""
     s = keeping(streams=4)
-    a = finished_turn(s, [1] * 20)  # kept in sequence 0 (its 20 prompt tokens)
+    finished_turn(s, [1] * 20)  # kept in sequence 0 (its 20 prompt tokens)
     running = [s.add([k] * 20, 1, 50).streams[0] for k in (2, 3)]
     run_step(s)
     assert [r.seq for r in running] == [1, 2]

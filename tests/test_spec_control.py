@@ -121,3 +121,23 @@ def test_gate_switches_drafting_off_where_it_delivers_less_and_keeps_probing():
     allowed1 = [g.allows(1) for _ in range(100)]
     assert 1 <= sum(allowed4) <= 2  # only re-tries, with a growing pause between them
     assert 85 <= sum(allowed1) <= 95  # all but the baseline probes
+
+
+def test_the_ngram_index_maps_each_ngram_to_where_its_latest_occurrence_went_on():
+    from edgeinfer.speculative.ngram import NgramIndex
+
+    tokens = [1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 2, 3, 5, 9, 1, 2]
+    want: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in (4, 3, 2)}
+    for i in range(len(tokens)):  # the n-gram before position i (whose token is known), its latest occurrence
+        for n in want:
+            if i >= n:
+                want[n][tuple(tokens[i - n : i])] = i
+    whole, piecewise = NgramIndex(), NgramIndex()
+    whole.extend(tokens[:-1])
+    for t in tokens[:-1]:
+        piecewise.extend([t])
+    whole.extend(tokens[-1:])
+    piecewise.extend(tokens[-1:])
+    for index in (whole, piecewise):
+        assert index.tables == want
+        assert index.draft(3) == [3, 5, 2]  # "1, 2" last went on with "3, 5" at position 8

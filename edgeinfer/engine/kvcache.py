@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from edgeinfer.engine.disk import DiskTier, file_identity
-from edgeinfer.engine.prefix import PrefixTrie
+from edgeinfer.engine.prefix import PrefixIndex
 from edgeinfer.engine.stats import CacheStats
 from edgeinfer.llamacpp import Context, Model
 from edgeinfer.options import EngineConfig
@@ -42,7 +42,7 @@ class KvStore:
         self.entries: dict[int, Entry] = {}
         self.ram: OrderedDict[int, Entry] = OrderedDict()  # entries with a blob, least recently used first
         self.ram_used = 0
-        self.index = PrefixTrie()  # every entry's tokens, by key
+        self.index = PrefixIndex()  # every entry's tokens, by key
         self.stats = CacheStats(ram_budget_bytes=ram_bytes)
         self._next = 0
         if disk is not None:

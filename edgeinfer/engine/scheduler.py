@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from edgeinfer.engine.prefix import PrefixTrie
+from edgeinfer.engine.prefix import PrefixIndex
 from edgeinfer.engine.step import BatchItem, StepOutput, StepPlan
 from edgeinfer.engine.stream import Group, Status, Stream
 from edgeinfer.errors import QueueFullError
@@ -98,7 +98,7 @@ class Scheduler:
         self.waiting: deque[Group] = deque()
         self.running: list[Stream] = []
         self.free_seqs: list[int] = list(range(max_streams - 1, -1, -1))
-        self.live = PrefixTrie()  # prompts of running streams, by stream id
+        self.live = PrefixIndex()  # prompts of running streams, by stream id
         self._live_streams: dict[int, Stream] = {}
         self.reserved = 0  # cells reserved by admitted groups
         # Sequences in a copy whose bytes land at the next decode: not saved, not reused before it.
@@ -115,7 +115,7 @@ class Scheduler:
         # per sequence: in a unified cache their cells would be taken from the reservations of running ones.
         self.keep_finished = keep_finished and cells_per_seq is not None
         self.kept: OrderedDict[int, Kept] = OrderedDict()
-        self._kept_index = PrefixTrie()  # their tokens, by sequence
+        self._kept_index = PrefixIndex()  # their tokens, by sequence
         self.resumed_in_place = 0  # prompts that went on in a kept sequence
         # Counters for stats.
         self.prompt_tokens_cached = 0
@@ -435,7 +435,7 @@ class Scheduler:
         for seq in list(self.kept):
             self._ended.append((seq, None, False))
         self.kept.clear()
-        self._kept_index = PrefixTrie()
+        self._kept_index = PrefixIndex()
 
     def _resolve_shares(self) -> None:
         """Streams waiting for another's prompt prefix copy it as soon as it is computed."""
