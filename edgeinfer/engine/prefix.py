@@ -58,12 +58,12 @@ class PrefixIndex:
         depth, h = 0, 0
         for i in range(0, len(tokens) - BLOCK + 1, BLOCK):
             h = hash((h, *tokens[i : i + BLOCK]))
-            held = self._holders.get(h)
-            if held is not None and allowed is not None:
-                held = held & allowed
-            if not held:
+            keys = self._holders.get(h)
+            if keys is not None and allowed is not None:
+                keys = keys & allowed
+            if not keys:
                 break
-            holders, depth = held, i + BLOCK
+            holders, depth = keys, i + BLOCK
         if holders is None:
             holders = self._first.get(tokens[0], set())
             if allowed is not None:
