@@ -515,3 +515,15 @@ def test_a_unified_cache_keeps_nothing_in_its_cells():
     s = Scheduler(FakeKv(), 1000, 4, 64, None, keep_finished=True)
     st = finished_turn(s, list(range(1, 21)))
     assert not s.kept and st.seq in s.free_seqs
+
+
+def test_a_kept_conversation_that_cannot_be_saved_costs_only_its_own_cold_start():
+    class FullKv(FakeKv):
+        def save(self, seq, tokens):
+            raise MemoryError("no memory for the copy")
+
+    s = Scheduler(FullKv(per_seq=True), 300, 1, 64, 300, keep_finished=True)
+    finished_turn(s, list(range(1, 21)))
+    g = s.add(list(range(100, 130)), 1, 3)  # wants the only sequence: the kept one's save fails
+    plan = s.schedule()
+    assert plan.items[0].stream is g.streams[0] and s.lost_saves == 1 and not s.kept

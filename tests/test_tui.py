@@ -82,7 +82,7 @@ def snapshot(t: float = 1000.0, tps: float = 173.2, **over: Any) -> dict[str, An
         "requests": {"running": 3, "waiting": 1, "total": 40, "finished": {"stop": 30, "length": 5}},
         "kv": {"layout": "per-seq", "used_cells": 3520, "total_cells": 8192, "cells_per_seq": 512},
         "tokens": {"prompt": 1000, "generated": 5000},
-        "prefix_cache": {"hit_tokens": 342, "computed_tokens": 658},
+        "prefix_cache": {"hit_tokens": 342, "computed_tokens": 658, "kept": 2, "resumed_in_place": 7},
         "cache": {"ram_entries": 3, "ram_bytes": 70 << 20, "ram_budget_bytes": 2 << 30, "ram_hits": 5},
         "rate": {"generated_tps_1s": tps, "generated_tps_10s": 160.0},
         "latency": {"ttft_p50_s": 0.134, "ttft_p95_s": 0.5, "itl_p50_s": 0.011, "itl_p95_s": 0.02},
@@ -121,9 +121,12 @@ def test_derived_figures():
     assert StreamRow.model_validate(stream(0, "decode", drafted=4, accepted=2)).acceptance == 0.5
     assert [figures.fmt_seconds(x) for x in (None, 0.0114, 1.7561)] == ["—", "11 ms", "1.76 s"]
     assert figures.fmt_count(134515008) == "135M"
-    assert figures.kv_text(stats()) == "3520 / 8192 cells (per-seq) · saved 3 in RAM, 70 MiB · 5 restored"
+    kept = "3520 / 8192 cells (per-seq) · kept 2, 7 resumed"
+    assert figures.kv_text(stats()) == f"{kept} · saved 3 in RAM, 70 MiB · 5 restored"
     with_disk = stats(cache={"ram_entries": 1, "disk_entries": 9, "disk_budget_bytes": 1 << 30, "disk_hits": 2})
-    assert figures.kv_text(with_disk) == "3520 / 8192 cells (per-seq) · saved 1 in RAM, 9 on disk · 2 restored"
+    assert figures.kv_text(with_disk) == f"{kept} · saved 1 in RAM, 9 on disk · 2 restored"
+    unified = stats(kv={"layout": "unified", "used_cells": 10, "total_cells": 8192})
+    assert figures.kv_text(unified) == "10 / 8192 cells (unified) · saved 3 in RAM, 70 MiB · 5 restored"
     ids = lambda sort: [s.id for s in figures.sorted_streams(stats().streams, sort)]  # noqa: E731
     assert [ids(i) for i in range(4)] == [[0, 1, 2, 3], [3, 0, 1, 2], [0, 3, 1, 2], [0, 3, 1, 2]]
     # The JSON a server sends reads back into the same figures.
@@ -187,7 +190,7 @@ async def test_dashboard_shows_every_figure():
             assert part in model
         bar = app.query_one(KvBar).query_one("ProgressBar")
         assert (bar.progress, bar.total) == (3520, 8192)  # type: ignore[attr-defined]
-        assert "3520 / 8192 cells (per-seq) · saved 3 in RAM" in text_of(app, "#kv-text")
+        assert "3520 / 8192 cells (per-seq) · kept 2, 7 resumed · saved 3 in RAM" in text_of(app, "#kv-text")
         assert "peak 173.2 tok/s" in text_of(app, "#chart-caption")
         table = app.query_one(StreamsTable)
         assert table.ids() == ["0", "1", "2", "3"]
@@ -404,8 +407,8 @@ async def test_live_requests_on_a_real_server(tmp_path, servers):
         replies = await work
         assert all(r["usage"]["completion_tokens"] == 32 for r in replies)
         await until(pilot, lambda: app.card("done") == "3", "three finished requests", timeout=60)
-        # Finished conversations are saved for their next turn (one prompt's three answers may be one entry).
-        assert re.search(r"saved [1-9]\d* in RAM", text_of(app, "#kv-text"))
+        # Finished conversations stay in their sequences for their next turn.
+        assert re.search(r"kept [1-9]\d*, \d+ resumed", text_of(app, "#kv-text"))
         assert app.history.peak() > 0 and "peak 0.0" not in text_of(app, "#chart-caption")
         assert proc.poll() is None
 

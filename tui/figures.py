@@ -97,9 +97,13 @@ def fmt_bytes(n: int) -> str:
 
 
 def kv_text(snap: EngineStats) -> str:
-    """Cells in use, and the finished conversations saved behind them (RAM, disk) with their restores."""
-    kv, cache = snap.kv, snap.cache
-    text = f"{kv.used_cells} / {kv.total_cells} cells ({kv.layout}) · saved {cache.ram_entries} in RAM"
+    """Cells in use, the finished conversations kept in their sequences and those saved behind them (RAM, disk),
+    with the turns resumed in place and the restores."""
+    kv, cache, pc = snap.kv, snap.cache, snap.prefix_cache
+    text = f"{kv.used_cells} / {kv.total_cells} cells ({kv.layout})"
+    if kv.layout == "per-seq":
+        text += f" · kept {pc.kept}, {pc.resumed_in_place} resumed"
+    text += f" · saved {cache.ram_entries} in RAM"
     text += f", {cache.disk_entries} on disk" if cache.disk_budget_bytes else f", {fmt_bytes(cache.ram_bytes)}"
     return text + f" · {cache.ram_hits + cache.disk_hits} restored"
 

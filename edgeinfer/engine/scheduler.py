@@ -117,6 +117,7 @@ class Scheduler:
         self.kept: OrderedDict[int, Kept] = OrderedDict()
         self._kept_index = PrefixIndex()  # their tokens, by sequence
         self.resumed_in_place = 0  # prompts that went on in a kept sequence
+        self.lost_saves = 0  # kept conversations whose copy to the tiers failed while a step was planned
         # Counters for stats.
         self.prompt_tokens_cached = 0
         self.prompt_tokens_computed = 0
@@ -381,7 +382,7 @@ class Scheduler:
         del self.kept[seq]
         self._kept_index.remove(seq)
         if not kept.saved and len(kept.tokens) - reuse > len(kept.tokens) // 4:
-            self.kv.save(seq, kept.tokens)  # most of it is another conversation: keep that in the tiers
+            self._try_save(seq, kept.tokens)  # most of it is another conversation: keep that in the tiers
         self.kv.rm(seq, reuse)
         leader.seq = seq
         leader.n_computed = leader.n_cached = reuse
@@ -398,7 +399,9 @@ class Scheduler:
         if seq in self.kept:
             kept = self.kept.pop(seq)
             self._kept_index.remove(seq)
-            self._retire(seq, None if kept.saved else kept.tokens)
+            if not kept.saved:
+                self._try_save(seq, kept.tokens)
+            self._release_seq(seq)
         self.free_seqs.remove(seq)
         return seq
 
@@ -412,8 +415,17 @@ class Scheduler:
 
     def _save_kept(self, seq: int, kept: Kept) -> None:
         if not kept.saved:
-            self.kv.save(seq, kept.tokens)
-            kept.saved = True
+            kept.saved = self._try_save(seq, kept.tokens)
+
+    def _try_save(self, seq: int, tokens: list[int]) -> bool:
+        """Save a kept conversation while planning a step. A failure (no memory for the copy) costs that
+        conversation a cold start later, nothing else: it must not fail the streams being planned."""
+        try:
+            self.kv.save(seq, tokens)
+        except Exception:
+            self.lost_saves += 1
+            return False
+        return True
 
     def release_kept(self, save: bool) -> None:
         """Free every kept sequence, saving its conversation to the tiers first with `save` (at close, so that

@@ -107,6 +107,7 @@ class PrefixCacheStats(_Stats):
     computed_tokens: int = 0  # prompt tokens computed
     kept: int = 0  # finished conversations still in their KV sequences now
     resumed_in_place: int = 0  # prompts that went on in the sequence their conversation ended in
+    kept_save_failures: int = 0  # kept conversations whose copy to the tiers failed (they start cold)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -338,6 +339,7 @@ def build_stats(view: EngineView) -> EngineStats:
             computed_tokens=sched.prompt_tokens_computed,
             kept=len(sched.kept),
             resumed_in_place=sched.resumed_in_place,
+            kept_save_failures=sched.lost_saves,
         ),
         cache=view.cache if view.cache is not None else CacheStats(),
         rate=RateStats(generated_tps_1s=m.generated_tps(1.0), generated_tps_10s=m.generated_tps(10.0)),
