@@ -272,7 +272,7 @@ async def _run(args: argparse.Namespace, sock: Path, proc: subprocess.Popen[str]
         "no connection lost mid-request": soak.outcomes["connection lost"] == 0,
         "bad bodies answered 4xx with JSON": not any("NOT 4xx" in k for k in soak.outcomes),
         "idle: nothing running or waiting": req["running"] == 0 and req["waiting"] == 0,
-        "idle: no KV cells in use (finished conversations live in the RAM tier)": kv["used_cells"] == 0,
+        "idle: no KV cells reserved (finished conversations kept, or in RAM)": kv["used_cells"] == 0,
         f"RAM tier within --cache-ram {args.cache_ram} MiB": cache.get("ram_bytes", 0) <= args.cache_ram << 20,
         f"RSS growth under --cache-ram + {args.rss_mb:g} MB": (rss1 - rss0) / 1024 < args.cache_ram + args.rss_mb,
         "server exited after SIGTERM": code is not None,
