@@ -121,12 +121,12 @@ def test_derived_figures():
     assert StreamRow.model_validate(stream(0, "decode", drafted=4, accepted=2)).acceptance == 0.5
     assert [figures.fmt_seconds(x) for x in (None, 0.0114, 1.7561)] == ["—", "11 ms", "1.76 s"]
     assert figures.fmt_count(134515008) == "135M"
-    kept = "3520 / 8192 cells (per-seq) · kept 2, 7 resumed"
-    assert figures.kv_text(stats()) == f"{kept} · saved 3 in RAM, 70 MiB · 5 restored"
+    kept = "3520 / 8192 cells · kept 2, 7 resumed"
+    assert figures.kv_text(stats()) == f"{kept} · RAM 3, 70 MiB · 5 restored"
     with_disk = stats(cache={"ram_entries": 1, "disk_entries": 9, "disk_budget_bytes": 1 << 30, "disk_hits": 2})
-    assert figures.kv_text(with_disk) == f"{kept} · saved 1 in RAM, 9 on disk · 2 restored"
+    assert figures.kv_text(with_disk) == f"{kept} · RAM 1, disk 9 · 2 restored"
     unified = stats(kv={"layout": "unified", "used_cells": 10, "total_cells": 8192})
-    assert figures.kv_text(unified) == "10 / 8192 cells (unified) · saved 3 in RAM, 70 MiB · 5 restored"
+    assert figures.kv_text(unified) == "10 / 8192 cells (unified) · RAM 3, 70 MiB · 5 restored"
     ids = lambda sort: [s.id for s in figures.sorted_streams(stats().streams, sort)]  # noqa: E731
     assert [ids(i) for i in range(4)] == [[0, 1, 2, 3], [3, 0, 1, 2], [0, 3, 1, 2], [0, 3, 1, 2]]
     # The JSON a server sends reads back into the same figures.
@@ -190,7 +190,7 @@ async def test_dashboard_shows_every_figure():
             assert part in model
         bar = app.query_one(KvBar).query_one("ProgressBar")
         assert (bar.progress, bar.total) == (3520, 8192)  # type: ignore[attr-defined]
-        assert "3520 / 8192 cells (per-seq) · kept 2, 7 resumed · saved 3 in RAM" in text_of(app, "#kv-text")
+        assert "3520 / 8192 cells · kept 2, 7 resumed · RAM 3, 70 MiB · 5 restored" in text_of(app, "#kv-text")
         assert "peak 173.2 tok/s" in text_of(app, "#chart-caption")
         table = app.query_one(StreamsTable)
         assert table.ids() == ["0", "1", "2", "3"]

@@ -100,11 +100,11 @@ def kv_text(snap: EngineStats) -> str:
     """Cells in use, the finished conversations kept in their sequences and those saved behind them (RAM, disk),
     with the turns resumed in place and the restores."""
     kv, cache, pc = snap.kv, snap.cache, snap.prefix_cache
-    text = f"{kv.used_cells} / {kv.total_cells} cells ({kv.layout})"
-    if kv.layout == "per-seq":
-        text += f" · kept {pc.kept}, {pc.resumed_in_place} resumed"
-    text += f" · saved {cache.ram_entries} in RAM"
-    text += f", {cache.disk_entries} on disk" if cache.disk_budget_bytes else f", {fmt_bytes(cache.ram_bytes)}"
+    text = f"{kv.used_cells} / {kv.total_cells} cells"
+    # Only one KV stream per sequence keeps conversations; that says the layout where the width is short.
+    text += f" · kept {pc.kept}, {pc.resumed_in_place} resumed" if kv.layout == "per-seq" else f" ({kv.layout})"
+    text += f" · RAM {cache.ram_entries}"
+    text += f", disk {cache.disk_entries}" if cache.disk_budget_bytes else f", {fmt_bytes(cache.ram_bytes)}"
     return text + f" · {cache.ram_hits + cache.disk_hits} restored"
 
 

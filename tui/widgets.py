@@ -121,8 +121,8 @@ HELP = """\
 [b]ITL[/b]             inter-token latency: time between a stream's tokens, p50 / p95, last minute
 [b]spec. accepted[/b]  drafted tokens the model accepted ({dash} without speculation)
 [b]prefix cache[/b]    hit rate: prompt tokens restored or copied instead of computed / all prompt tokens
-[b]KV cache[/b]        cells running streams hold; finished conversations are saved to RAM (and disk)
-                and restored when a prompt continues them
+[b]KV cache[/b]        cells running streams hold; finished conversations kept in their streams (and
+                turns resumed there), saved to RAM (and disk) once a stream is wanted, and restored
 
 Streams are [green]decode[/green], [yellow]prefill[/yellow] (reading the prompt) or waiting for a slot.
 """
