@@ -117,7 +117,7 @@ def test_forced_tool_calls_validate(any_server, choice):
 
 def test_streamed_tool_calls_reassemble_in_the_sdk(oai):
     kw = dict(model=MODEL, messages=ask("Weather in Oslo?"), tools=[WEATHER, CLOCK], tool_choice="required")
-    with oai.chat.completions.stream(**kw, temperature=0.8, max_tokens=300, parallel_tool_calls=True) as stream:
+    with oai.chat.completions.stream(**kw, temperature=0, max_tokens=300, parallel_tool_calls=True) as stream:
         for _ in stream:
             pass
         final = stream.get_final_completion()
