@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 import httpx
-from one_stream import pct, text_arrivals
+from one_stream import pct, text_arrivals, workload_turn
 
-from edgeinfer.bench.workloads import MAX_TOKENS, WORKLOADS, messages
+from edgeinfer.bench.workloads import WORKLOADS
 
 
 def gaps_of(http: httpx.Client, body: dict[str, object], name: str) -> list[float]:
@@ -38,14 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.socket.exists():
         sys.exit(f"no socket at {args.socket}: start a server there first (edgeinfer serve --socket ...)")
-    body = {
-        "model": "default",
-        "messages": messages(args.workload, 1)[0],
-        "max_tokens": args.max_tokens or MAX_TOKENS[args.workload],
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = workload_turn(args.workload, args.max_tokens)
     warm: list[float] = []
     lasts: list[float] = []
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(args.socket)), base_url="http://server", timeout=300) as h:

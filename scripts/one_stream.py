@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 from vs_llama_server import running_servers
 
+from edgeinfer.bench.workloads import MAX_TOKENS, messages
 from edgeinfer.llamacpp import Model
 from edgeinfer.models.catalog import resolve_model
 
@@ -57,6 +58,19 @@ def pct(values: list[float], q: float) -> float:
     """The q-quantile of values (the nearest rank)."""
     s = sorted(values)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def workload_turn(workload: str, max_tokens: int | None = None) -> dict[str, Any]:
+    """Stream 0 of an `edgeinfer bench` workload as a streamed chat completion: greedy, `ignore_eos` (as the
+    benchmarks send it), the workload's own answer length unless max_tokens says otherwise."""
+    return {
+        "model": "default",
+        "messages": messages(workload, 1)[0],
+        "max_tokens": max_tokens or MAX_TOKENS[workload],
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
 
 
 def text_arrivals(http: httpx.Client, path: str, body: dict[str, Any], name: str) -> list[float]:

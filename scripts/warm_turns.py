@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import httpx
-from one_stream import text_arrivals
+from one_stream import text_arrivals, workload_turn
 
-from edgeinfer.bench.workloads import MAX_TOKENS, WORKLOADS, messages
+from edgeinfer.bench.workloads import WORKLOADS
 
 
 def turn(sock: Path, body: dict[str, object]) -> tuple[float, float, float]:
@@ -46,14 +46,7 @@ def main() -> int:
     socks = [Path(s) for s in args.sockets.split(",")]
     if missing := [s for s in socks if not s.exists()]:
         sys.exit(f"no socket at {', '.join(map(str, missing))}: start the servers first (edgeinfer serve --socket ...)")
-    body = {
-        "model": "default",
-        "messages": messages(args.workload, 1)[0],
-        "max_tokens": args.max_tokens or MAX_TOKENS[args.workload],
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = workload_turn(args.workload, args.max_tokens)
     results: dict[Path, list[tuple[float, float, float]]] = {s: [] for s in socks}
     for s in socks:
         turn(s, body)  # the conversation is now held by every server
