@@ -1,7 +1,11 @@
 """The adaptive controller on synthetic costs: it drafts where it pays and steps back where it does not."""
 
+import itertools
+from dataclasses import dataclass, field
+
 import pytest
 
+from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.speculative.control import LATENCY_CAP, Acceptance, Candidate, Controller, StepCosts
 
 pytestmark = pytest.mark.pure
@@ -108,19 +112,40 @@ def test_acceptance_moves_towards_what_is_observed():
     assert a.alpha < 0.1
 
 
+def run_gate(g, n_decoding, steps, with_drafts, without):
+    """Steps at one batch size: each drafts where the gate allows, at that rate (tok/s); returns which did."""
+    drafted = []
+    for _ in range(steps):
+        on = g.allows(n_decoding)
+        g.observe(n_decoding, drafted=on, tokens=1, seconds=1 / (with_drafts if on else without))
+        drafted.append(on)
+    return drafted
+
+
 def test_gate_switches_drafting_off_where_it_delivers_less_and_keeps_probing():
     from edgeinfer.speculative.control import Gate
 
-    g = Gate(probe_every=10, retry_every=50, min_samples=3, weight=0.1)
-    for _ in range(5):
-        g.observe(4, drafted=True, tokens=8, seconds=0.10)  # 80 tok/s with drafts
-        g.observe(4, drafted=False, tokens=4, seconds=0.04)  # 100 tok/s without
-        g.observe(1, drafted=True, tokens=3, seconds=0.02)  # 150 tok/s with drafts
-        g.observe(1, drafted=False, tokens=1, seconds=0.01)  # 100 tok/s without
-    allowed4 = [g.allows(4) for _ in range(100)]
-    allowed1 = [g.allows(1) for _ in range(100)]
-    assert 1 <= sum(allowed4) <= 2  # only re-tries, with a growing pause between them
-    assert 85 <= sum(allowed1) <= 95  # all but the baseline probes
+    g = Gate(probe_every=10, retry_every=50, min_samples=3)
+    worse = run_gate(g, 4, 400, with_drafts=80, without=100)
+    # Drafts until the baseline is measured (3 probes), then trials of 3 steps after pauses that double.
+    assert sum(worse[:30]) == 27  # all but the probes
+    trials = [i for i in range(30, 400) if worse[i] and not worse[i - 1]]
+    assert all(worse[i : i + 3] == [True] * 3 and not any(worse[i + 3 : i + 6]) for i in trials)
+    gaps = [b - a for a, b in itertools.pairwise(trials)]
+    assert len(trials) == 3 and gaps[1] >= 2 * gaps[0] - 3
+    better = run_gate(g, 1, 100, with_drafts=150, without=100)
+    assert sum(better) == 90  # all but the baseline probes
+
+
+def test_a_gate_shut_by_a_bad_start_opens_at_its_next_trial():
+    from edgeinfer.speculative.control import Gate
+
+    g = Gate(probe_every=16, retry_every=64, min_samples=4)
+    bad = run_gate(g, 1, 70, with_drafts=50, without=80)  # drafts until the 4th probe measured the baseline
+    assert bad[:63].count(False) == 3 and not any(bad[64:])
+    steps = run_gate(g, 1, 300, with_drafts=110, without=80)  # the next trial finds drafting pays: it stays on
+    first = steps.index(True)
+    assert first < 70 and all(on or (70 + first + i + 1) % 16 == 0 for i, on in enumerate(steps[first:]))
 
 
 def test_the_ngram_index_maps_each_ngram_to_where_its_latest_occurrence_went_on():
@@ -140,4 +165,128 @@ def test_the_ngram_index_maps_each_ngram_to_where_its_latest_occurrence_went_on(
     piecewise.extend(tokens[-1:])
     for index in (whole, piecewise):
         assert index.tables == want
-        assert index.draft(3) == [3, 5, 2]  # "1, 2" last went on with "3, 5" at position 8
+        assert index.draft(3) == ([3, 5, 2], 2)  # "1, 2" last went on with "3, 5" at position 8; matched: 2 tokens
+
+
+def test_a_draft_is_backed_by_how_much_context_matched_before_it():
+    from edgeinfer.speculative.ngram import BACKING, NgramIndex
+
+    text = list(range(100, 140))
+    copying = NgramIndex()
+    copying.extend([1, 2, *text, 3, 4, *text[:12]])  # writing the 40 tokens out again, 12 so far
+    assert copying.draft(4) == (text[12:16], 12)
+    whole = NgramIndex()
+    whole.extend([*text, 5, *text])  # the whole run again: the match counts up to BACKING[-1]
+    assert whole.draft(2) == ([5, 100], BACKING[-1])
+    fresh = NgramIndex()
+    fresh.extend([7, 8, 9, 1, 2])
+    assert fresh.draft(4) == ([], 0)
+
+
+@dataclass
+class FakeSampler:
+    argmax: list[int]  # what the target picks at each row of a verification
+
+    def greedy(self, ctx, row):
+        return self.argmax[row]
+
+
+@dataclass
+class FakeStream:
+    """What the speculator reads of a decoding stream (engine/stream.py)."""
+
+    id: int
+    tokens: list[int]
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0))
+    index: int = 0
+    max_new: int = 256
+    n_generated: int = 10
+    fork_pending: bool = False
+    drafting: object = None
+    sampler: object = None
+    n_drafted: int = 0
+    n_accepted: int = 0
+
+    @property
+    def n_computed(self):
+        return len(self.tokens) - 1  # the last sampled token is the next step's input
+
+
+def one_cpu_stream(spec):
+    """Step times measured at one stream on the 2-core VM (SmolLM2, 1k tokens of context): 2 tokens cost 1.48 plain
+    steps, 4 tokens 2.15 (the extra token pays only if accepted about half the time or more)."""
+    for _ in range(3):
+        for n, t in ((1, 0.0128), (2, 0.0189), (3, 0.0238), (4, 0.0275), (8, 0.0454)):
+            spec.controller.target.observe(n, t)
+
+
+def test_a_long_match_drafts_and_a_two_token_match_does_not_and_the_rate_is_learned_across_streams():
+    from edgeinfer.engine.step import BatchItem
+    from edgeinfer.speculative.speculator import Speculator
+
+    spec = Speculator(EngineConfig(spec="auto"), None, None)
+    one_cpu_stream(spec)
+    text = list(range(100, 140))
+    copy = FakeStream(1, [1, 2, *text, 3, 4, *text[:12]])
+    loose = FakeStream(2, [1, 2, *text, 3, 4, 7, 8, 9, 110, 111])  # 110, 111 matched, 9 before it not
+    for s in (copy, loose):
+        spec.attach(s)
+    assert spec.propose([copy], 512) == {1: text[12:13]}  # the latency cap: one token at one stream on a CPU
+    assert spec.propose([loose], 512) == {}  # 2 tokens matched: right half the time, 0.5 < 1.48 - 1 + margin
+
+    # The long match's drafts are refused three times: its rate falls below what pays.
+    for _ in range(3):
+        copy.sampler = FakeSampler([999, 999])
+        draft = spec.propose([copy], 512)[1]
+        item = BatchItem(copy, [copy.tokens[-1], *draft], len(copy.tokens) - 1, [copy], n_draft=len(draft), row0=0)
+        assert spec.verify(None, item) == [999]
+    assert spec.propose([copy], 512) == {}
+    again = FakeStream(3, list(copy.tokens))  # the next answer's stream: the same rate
+    spec.attach(again)
+    assert spec.propose([again], 512) == {}
+    assert spec.propose([loose], 512) == {}
+
+
+def test_a_step_size_estimated_at_zero_seconds_explores_instead_of_dividing_by_it():
+    """Only two prompt chunks measured, the larger much slower: the line through them, extrapolated down to a one-token
+    step, ends below zero and is clamped to 0 s. The rate without drafts (streams / T) divided by that, and a
+    ZeroDivisionError switched speculation off for the server's life."""
+    ctl = Controller(max_draft=8)
+    ctl.target.observe(64, 0.1)
+    ctl.target.observe(96, 0.5)
+    assert ctl.target.estimate(1) == 0.0
+    assert ctl.plan([Candidate(1, 0.9, 8)], base_tokens=1, n_decoding=1, uses_draft_model=False) == {1: 2}
+
+
+def test_a_drafted_step_estimated_past_the_cap_is_measured_again():
+    """At one stream on a CPU a 2-token step costs 1.5 plain ones; a few slow ones on a busy machine put it over
+    LATENCY_CAP, and then nothing drafted, so nothing measured it again: the stream never drafted again. Now
+    the multiple rises slowly, and an exploring draft goes past the cap every explore_every steps."""
+    ctl = Controller(max_draft=8, explore_every=4)
+    for _ in range(5):
+        ctl.target.observe(1, 0.012)
+    ctl.target.observe(2, 0.018, drafts=1)  # 1.5
+    for _ in range(3):
+        ctl.target.observe(2, 0.036, drafts=1)  # a busy machine: 3.0 three times
+    assert ctl.target.estimate(2, base=1) / 0.012 < LATENCY_CAP
+    for _ in range(12):
+        ctl.target.observe(2, 0.036, drafts=1)  # the cost did rise
+    assert ctl.target.estimate(2, base=1) / 0.012 > LATENCY_CAP
+    plans = [ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, False) for _ in range(8)]
+    assert plans.count({1: 1}) == 2 and plans.count({1: 0}) == 6  # one step in four explores
+
+
+def test_an_exploring_draft_is_not_held_against_the_drafts_the_costs_choose():
+    from edgeinfer.speculative.speculator import Speculator
+
+    spec = Speculator(EngineConfig(spec="auto"), None, None)
+    text = list(range(100, 140))
+    s = FakeStream(1, [1, 2, *text, 3, 4, *text[:12]])
+    spec.attach(s)
+    assert spec.propose([s], 512) == {1: text[12:14]}  # nothing measured yet: an exploring draft
+    spec.observe_iteration(1, drafted=True, tokens=1, seconds=0.030)  # refused, and slow
+    assert spec.gate.n_on == {}
+    one_cpu_stream(spec)
+    assert spec.propose([s], 512) == {1: text[12:13]}  # chosen by the costs: the gate counts it
+    spec.observe_iteration(1, drafted=True, tokens=2, seconds=0.019)
+    assert spec.gate.n_on == {1: 1}

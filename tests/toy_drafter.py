@@ -9,19 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from edgeinfer.speculative.drafting import Draft, Pick
+from edgeinfer.speculative.drafting import Draft, Offer, Pick
 
 
 class Echo:
     name = "echo"
-    prior_alpha = 0.3
     runs_model = False
+
+    def prior(self, backing: int) -> float:
+        return 0.3
 
     def attach(self, stream: Any) -> None:
         return None
 
-    def available(self, stream: Any, room: int) -> int:
-        return room
+    def available(self, stream: Any, room: int) -> Offer:
+        return Offer(room)
 
     def draft(self, picks: list[Pick], on_step: Callable[[int, float], None]) -> dict[int, Draft]:
         return {p.stream.id: Draft([p.stream.tokens[-1]] * p.k, None) for p in picks}

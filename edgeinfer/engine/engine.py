@@ -471,6 +471,7 @@ class Engine:
             speculator, self.speculator = self.speculator, None
             self.speculation_error = str(error)
         if speculator is not None:
+            warn_stderr(f"speculative decoding is off from now on: {type(error).__name__}: {error}")
             speculator.close()
 
     def _step(self, plan: StepPlan) -> int:

@@ -1,13 +1,15 @@
 """Adaptive speculation: measured costs and acceptance set each stream's draft length every step.
 
 The rule is marginal. Without speculation a step decodes `base` tokens in T(base)
-seconds and yields R0 = streams / T(base) tokens per second. One more token in the
-batch costs `slope` seconds, worth slope * R0 tokens at that rate; the k-th draft token
-of a stream yields alpha^k expected tokens (alpha: the stream's per-token acceptance).
-So a stream drafts its k-th token only while alpha^k > slope * R0. A draft model adds
-one draft step per depth d, worth T_draft * R0 tokens, shared by the streams drafting
-that deep: depth d is used only while the sum of alpha_s^d pays for it. As load rises,
-the batch turns compute-bound, slope * R0 approaches 1, and speculation steps back.
+seconds and yields R0 = streams / T(base) tokens per second. The batch's j-th extra token
+costs T(base + j) - T(base + j - 1) seconds, worth that times R0 tokens at that rate; a
+stream's k-th draft token yields alpha^k expected tokens (alpha: the per-token acceptance of
+its draft, by what backs it, speculator.py). Extra tokens go to the likeliest first while
+each pays for its own cost: on a CPU the first costs the most (one stream: about half a
+step), on a GPU almost nothing. A draft model adds one draft step per depth d, worth
+T_draft * R0 tokens, shared by the streams drafting that deep: depth d is used only while
+the sum of alpha_s^d pays for it. As load rises, the batch turns compute-bound, each
+token's cost * R0 approaches 1, and speculation steps back.
 
 A step with drafts also keeps every token waiting until it ends: a one-stream step of nine tokens
 costs about four plain steps on a CPU, so the tokens it brings arrive after a gap four times the
@@ -61,7 +63,11 @@ class StepCosts:
 
     def observe(self, n: int, seconds: float, drafts: int = 0) -> None:
         if drafts > 0 and (t_base := self.estimate(n - drafts)) is not None and t_base > 0:
-            _ema(self.ratios, (_bucket(n - drafts), _bucket(n)), seconds / t_base, self.weight)
+            key, ratio = (_bucket(n - drafts), _bucket(n)), seconds / t_base
+            # A busy machine only ever slows a step: a slower one than expected moves the multiple a quarter as
+            # far as a faster one (two 30 ms steps among 19 ms ones put one stream's 2-token step over the cap).
+            old = self.ratios.get(key)
+            _ema(self.ratios, key, ratio, self.weight if old is None or ratio < old else self.weight / 4)
         _ema(self.table, _bucket(n), seconds, self.weight)
 
     def estimate(self, n: int, base: int | None = None) -> float | None:
@@ -71,25 +77,25 @@ class StepCosts:
         t_base = self._by_size(base)
         if t_base is None:
             return None
-        if (ratio := self._ratio(_bucket(base), _bucket(n))) is not None:
+        if (ratio := self._ratio(_bucket(base), n)) is not None:
             return t_base * ratio
         t = self._by_size(n)
         return None if t is None else max(t, t_base)
 
-    def _ratio(self, b0: int, b: int) -> float | None:
-        """A step of bucket b over a plain one of bucket b0: linear between the measured sizes (and 1.0 at b0
+    def _ratio(self, b0: int, n: int) -> float | None:
+        """A step of n tokens over a plain one of bucket b0: linear between the measured sizes (and 1.0 at b0
         itself), extrapolated upwards from the last two; None if no step with drafts grew from b0."""
-        points = {n: r for (base, n), r in self.ratios.items() if base == b0}
+        points = {size: r for (base, size), r in self.ratios.items() if base == b0}
         if not points:
             return None
         points.setdefault(b0, 1.0)
-        return _interpolate(points, b)
+        return _interpolate(points, n)
 
     def _by_size(self, n: int) -> float | None:
-        """Linear between the nearest measured sizes; None if none."""
+        """Linear between the nearest measured sizes (kept by bucket); None if none."""
         if not self.table:
             return None
-        return _interpolate(self.table, _bucket(n))
+        return _interpolate(self.table, n)
 
 
 def _interpolate(points: dict[int, float], b: int) -> float:
@@ -146,33 +152,46 @@ class Controller:
         self.draft = StepCosts()
         self.explore_every = explore_every
         self._steps = 0
+        self.explored = False  # the last plan was an exploring draft, not one the costs chose
 
     def plan(
         self, candidates: list[Candidate], base_tokens: int, n_decoding: int, uses_draft_model: bool
     ) -> dict[int, int]:
         self._steps += 1
+        self.explored = False
         if not candidates or self.max_draft == 0:
             return {}
         t_base = self.target.estimate(base_tokens)
-        t_more = self.target.estimate(base_tokens + max(4, len(candidates)))
-        if t_base is None or t_more is None:
-            return self._explore(candidates)
-        slope = max((t_more - t_base) / max(4, len(candidates)), 0.0)
+        if not t_base or self.target.estimate(base_tokens + 1, base_tokens) is None:
+            return self._explore(candidates)  # unmeasured, or extrapolated down to 0 s from larger sizes only
         rate = max(n_decoding, 1) / t_base  # tokens/s without speculation
-        # What one extra batch token costs, in tokens; the margin covers verification work
-        # outside llama_decode (logits rows, sampling) and noise in the estimates.
-        per_token = slope * rate * self.margin
-        plan = {}
-        for c in candidates:
-            k = 0
-            while k < min(c.available, self.max_draft) and c.alpha ** (k + 1) > per_token:
-                k += 1
-            plan[c.key] = k
+        plan = dict.fromkeys((c.key for c in candidates), 0)
+        # The batch's extra tokens, the likeliest to be accepted first (a stream's k-th draft token: alpha^k), each
+        # while it is worth more than what it adds to the step, in tokens at that rate. The margin covers
+        # verification work outside llama_decode (logits rows, sampling) and noise in the estimates. Extra
+        # tokens cost most at the start on a CPU (one stream: the first 0.48 of a step, the next ones 0.3-0.4).
+        heap = [(-c.alpha, i, c) for i, c in enumerate(candidates) if min(c.available, self.max_draft) > 0]
+        heapq.heapify(heap)
+        total, t_prev = 0, t_base
+        while heap:
+            gain, i, c = heapq.heappop(heap)
+            t_next = self.target.estimate(base_tokens + total + 1, base_tokens)
+            assert t_next is not None  # measured: base_tokens + 1 was
+            if -gain <= max(t_next - t_prev, 0.0) * rate * self.margin:
+                break
+            plan[c.key] += 1
+            total, t_prev = total + 1, t_next
+            if plan[c.key] < min(c.available, self.max_draft):
+                heapq.heappush(heap, (-(c.alpha ** (plan[c.key] + 1)), i, c))
         if uses_draft_model:
             plan = self._cut_depths(plan, candidates, rate)
+        plan = self._within_latency(plan, candidates, base_tokens, t_base, uses_draft_model)
         if not any(plan.values()) and self._steps % self.explore_every == 0:
-            plan = self._explore(candidates)
-        return self._within_latency(plan, candidates, base_tokens, t_base, uses_draft_model)
+            # Past the cap too: what a step with drafts costs is only measured by taking one. A few slow
+            # steps on a busy machine can put a drafted step's estimate over the cap; without this it
+            # would never be measured again, and the stream never draft again.
+            plan = self._explore(candidates, k=1)
+        return plan
 
     def _within_latency(
         self, plan: dict[int, int], candidates: list[Candidate], base_tokens: int, t_base: float, drafts: bool
@@ -225,10 +244,11 @@ class Controller:
             depth = 1
         return {key: min(k, depth) for key, k in plan.items()}
 
-    def _explore(self, candidates: list[Candidate]) -> dict[int, int]:
+    def _explore(self, candidates: list[Candidate], k: int = 2) -> dict[int, int]:
         """Too little measured yet: a short draft on one stream, to learn its cost and acceptance."""
+        self.explored = True
         best = max(candidates, key=lambda c: c.alpha)
-        return {best.key: min(2, best.available, self.max_draft)}
+        return {best.key: min(k, best.available, self.max_draft)}
 
 
 @dataclass(slots=True)
@@ -237,16 +257,17 @@ class Gate:
 
     For each batch size it keeps the realised tokens per second of decode-only steps
     with drafts and without, drafting time included (a draft model's catch-up on a new
-    prompt too). Where drafting delivers less it is switched off for that batch size and
-    re-tried after a pause that doubles with every failed re-try. One step in
-    `probe_every` runs without drafts, so the baseline is always measured.
+    prompt too): their mean over the first samples, then a moving average. Where drafting
+    delivers less it is switched off for that batch size and tried again, min_samples steps
+    afresh, after a pause that doubles with every failed trial. One step in `probe_every`
+    runs without drafts, so the baseline is always measured.
     """
 
     weight: float = 0.2
     probe_every: int = 16
     retry_every: int = 64
     max_retry: int = 4096
-    min_samples: int = 2
+    min_samples: int = 4
     on: dict[int, float] = field(default_factory=dict)
     off: dict[int, float] = field(default_factory=dict)
     n_on: dict[int, int] = field(default_factory=dict)
@@ -264,12 +285,14 @@ class Gate:
             return True
         if self.on[b] >= self.off[b]:
             self.pause[b] = self.retry_every
+            self.next_retry.pop(b, None)
             return True
         if b not in self.next_retry:
             self.next_retry[b] = self.steps + self.pause.setdefault(b, self.retry_every)
         if self.steps >= self.next_retry[b]:
+            # A trial as at the start: its own min_samples steps (one would only nudge the average).
             self.pause[b] = min(2 * self.pause.get(b, self.retry_every), self.max_retry)
-            self.next_retry[b] = self.steps + self.pause[b]
+            del self.next_retry[b], self.on[b], self.n_on[b]
             return True
         return False
 
@@ -278,5 +301,5 @@ class Gate:
             return
         b = _bucket(n_decoding)
         rates, counts = (self.on, self.n_on) if drafted else (self.off, self.n_off)
-        _ema(rates, b, tokens / seconds, self.weight)
         counts[b] = counts.get(b, 0) + 1
+        _ema(rates, b, tokens / seconds, max(self.weight, 1.0 / counts[b]))

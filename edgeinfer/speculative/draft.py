@@ -27,7 +27,7 @@ from edgeinfer.engine.prefix import common_prefix
 from edgeinfer.engine.scheduler import MIN_SHARE
 from edgeinfer.errors import ConfigError
 from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
-from edgeinfer.speculative.drafting import Draft, Pick
+from edgeinfer.speculative.drafting import Draft, Offer, Pick
 from edgeinfer.speculative.verify import sampling_probs
 
 if TYPE_CHECKING:
@@ -246,17 +246,19 @@ class ModelDrafter:
     """Drafts from a draft model (DraftModel): every picked stream's draft in one decode per depth."""
 
     name = "draft"
-    prior_alpha = 0.7
     runs_model = True
 
     def __init__(self, drafts: DraftModel) -> None:
         self.drafts = drafts
 
+    def prior(self, backing: int) -> float:
+        return 0.7
+
     def attach(self, stream: Stream) -> None:
         return None
 
-    def available(self, stream: Stream, room: int) -> int:
-        return room
+    def available(self, stream: Stream, room: int) -> Offer:
+        return Offer(room)
 
     def draft(self, picks: list[Pick], on_step: Callable[[int, float], None]) -> dict[int, Draft]:
         reqs = []

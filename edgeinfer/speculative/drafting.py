@@ -27,8 +27,9 @@ class Drafting:
     """What the speculator keeps of one stream between steps."""
 
     own: Any  # the drafter's state for this stream (attach's), e.g. its tokens indexed by n-gram
-    accept: Acceptance
+    accept: Acceptance  # the stream's own rate (drafts a drafter cannot say more of, Offer.backing 0)
     rng: np.random.Generator  # rejection sampling's draws (--spec-verify rejection)
+    backing: int = 0  # the pending draft's Offer.backing
     q: np.ndarray | None = None  # laws the pending draft was drawn from (rejection sampling only)
 
 
@@ -36,6 +37,16 @@ class Drafting:
 class Draft:
     tokens: list[int]
     q: np.ndarray | None  # (len(tokens), vocab) laws the tokens were drawn from; None unless drawn
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What a drafter can draft for one stream this step."""
+
+    n: int  # tokens, at most the room asked for; 0: none
+    # What the draft's acceptance is learned by, across streams: an n-gram draft's matched context (its bucket of
+    # ngram.BACKING), where a long match is a copy going on. 0: the stream's own rate.
+    backing: int = 0
 
 
 @dataclass(slots=True)
@@ -51,15 +62,18 @@ class Drafter(Protocol):
     """A source of drafts for the speculator."""
 
     name: str  # what the stats call it (SpeculationStats.source)
-    prior_alpha: float  # the acceptance rate expected of it before any is measured
     runs_model: bool  # drafting decodes a model: the cost model weighs those decodes
+
+    def prior(self, backing: int) -> float:
+        """The acceptance rate expected of its drafts offered with this backing, before any is measured."""
+        ...
 
     def attach(self, stream: Stream) -> Any:
         """A new stream may draft: its state, kept on stream.drafting.own."""
         ...
 
-    def available(self, stream: Stream, room: int) -> int:
-        """How many tokens (at most room) it can draft for the stream now; 0: none."""
+    def available(self, stream: Stream, room: int) -> Offer:
+        """How many tokens (at most room) it can draft for the stream now, and what backs them."""
         ...
 
     def draft(self, picks: list[Pick], on_step: Callable[[int, float], None]) -> dict[int, Draft]:

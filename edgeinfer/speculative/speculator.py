@@ -89,7 +89,11 @@ class Speculator:
         self.controller = Controller(config.spec_max)
         self.gate = Gate()
         self.counters = SpeculationCounters(config.spec_max)
-        self._prior = Acceptance(self.drafter.prior_alpha, weight=0.05)
+        self._prior = Acceptance(self.drafter.prior(0), weight=0.05)
+        # Acceptance of backed drafts (Offer.backing > 0), across streams, by (backing, sampled): a long n-gram
+        # match is a copy going on in any stream, and a sampled stream takes fewer drafts than a greedy one.
+        self._backed: dict[tuple[int, bool], Acceptance] = {}
+        self._explored = False  # the drafts proposed last were the controller's exploring ones
         self.enabled = True  # False: no drafts (the benchmark compares both on one engine); verification goes on
 
     def attach(self, stream: Stream) -> None:
@@ -131,10 +135,11 @@ class Speculator:
             # The first token always comes from the plain path: it may feed forked streams too.
             if st is None or room <= 0 or s.n_generated == 0:
                 continue
-            room = self.drafter.available(s, room)
-            if room <= 0:
+            offer = self.drafter.available(s, room)
+            if offer.n <= 0:
                 continue
-            cands.append(Candidate(s.id, st.accept.alpha, room))
+            st.backing = offer.backing
+            cands.append(Candidate(s.id, self._acceptance(s).alpha, offer.n))
             by_id[s.id] = s
         if not cands:
             return {}
@@ -143,6 +148,7 @@ class Speculator:
         if self.adaptive:
             base = len(decoding) + prefill_tokens
             plan = self.controller.plan(cands, base, len(decoding), self.drafter.runs_model)
+            self._explored = self.controller.explored
         else:
             plan = {c.key: c.available for c in cands}
         plan = {key: k for key, k in plan.items() if k > 0}
@@ -169,7 +175,11 @@ class Speculator:
         self.controller.target.observe(n_tokens, seconds, n_draft)
 
     def observe_iteration(self, n_decoding: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A decode-only step, drafting and verification included: feeds the gate."""
+        """A decode-only step, drafting and verification included: feeds the gate. Not an exploring step's: its
+        drafts are the ones the costs said would not pay (the gate judges the drafts they chose); two refused
+        at a server's first answer shut the gate, and it took hundreds of steps to open again."""
+        if drafted and self._explored:
+            return
         self.gate.observe(n_decoding, drafted, tokens, seconds)
 
     def verify(self, ctx: Context, item: BatchItem) -> list[int]:
@@ -202,10 +212,24 @@ class Speculator:
         accepted = len(out) - 1
         s.n_drafted += k
         s.n_accepted += accepted
-        st.accept.update(k, accepted)
-        self._prior.update(k, accepted)
+        if st.backing > 0:
+            self._acceptance(s).update(k, accepted)
+        else:
+            st.accept.update(k, accepted)
+            self._prior.update(k, accepted)
         self.counters.record(k, accepted)
         return out
+
+    def _acceptance(self, s: Stream) -> Acceptance:
+        """The rate a stream's pending draft is judged and learned by: its backing's, else the stream's own."""
+        st = s.drafting
+        assert st is not None
+        if st.backing <= 0:
+            return st.accept
+        key = (st.backing, s.params.temperature > 0)
+        if (rate := self._backed.get(key)) is None:
+            rate = self._backed[key] = Acceptance(self.drafter.prior(st.backing))
+        return rate
 
     def emitted(self, s: Stream, tokens: list[int]) -> None:
         if s.drafting is not None:
