@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 # How long a match backs a draft, in tokens of context equal before it: its acceptance is learned per
 # bucket (lower bounds). A draft found after a long match is a copy going on: over the answers of
-# scripts/ngram_backing.py (SmolLM2, greedy, five workloads) its first token was right at 0.50 of
-# 2-token matches, 0.66 of 4, 0.77 of 5-6, 0.90 of 7-8 and 0.93-1.00 of longer ones.
+# scripts/ngram_backing.py (SmolLM2, greedy, five workloads) its first token was right at 0.51 of
+# 2-token matches, 0.68 of 4, 0.77 of 5-6, 0.90 of 7-8 and 0.85-1.00 of longer ones (docs/speculation.md).
 BACKING = (2, 3, 4, 5, 7, 9, 13, 17, 25, 32)
 
 
