@@ -98,6 +98,23 @@ def test_a_restarted_engine_with_a_cache_dir_starts_warm(model_path, tmp_path):
         assert cold.stats.cached_tokens == 0
 
 
+def test_a_kept_conversation_is_on_disk_before_the_engine_closes(model_path, tmp_path):
+    """Defect: a conversation kept in its sequence reached the disk tier only when the sequence was wanted or at
+    close: a crash or a kill lost it, and the restart computed it again. A second engine on the same folder,
+    opened while the first one runs (as a restart after a kill would find it), starts warm."""
+    config = EngineConfig(model=model_path, parallel=2, ctx_size=4096, spec="off", cache_dir=tmp_path)
+    with make_engine(config) as eng:
+        prompt = turns(eng, "Explain what a fraction is.")
+        first = eng.generate(prompt, GREEDY)
+        assert eng.wait_idle()
+        assert eng.snapshot().prefix_cache.kept == 1  # still in its sequence...
+        eng.store.disk.flush()
+        assert list(tmp_path.rglob("*.kv"))  # ...and on disk already
+        with make_engine(config) as other:
+            again = other.generate(turns(other, "Explain what a fraction is.", first.text, "And a decimal?"), GREEDY)
+            assert other.snapshot().cache.disk_hits == 1 and again.stats.cached_tokens >= len(prompt)
+
+
 def test_chat_resume_continues_the_last_conversation_warm(tmp_path):
     args = ["chat", "--temperature", "0", "--max-tokens", "16", "--cache-dir", str(tmp_path)]
     first = CliRunner().invoke(main, args, input="My name is Ada.\n/exit\n")

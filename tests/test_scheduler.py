@@ -527,3 +527,17 @@ def test_a_kept_conversation_that_cannot_be_saved_costs_only_its_own_cold_start(
     g = s.add(list(range(100, 130)), 1, 3)  # wants the only sequence: the kept one's save fails
     plan = s.schedule()
     assert plan.items[0].stream is g.streams[0] and s.lost_saves == 1 and not s.kept
+
+
+def test_with_a_disk_tier_a_kept_conversation_is_also_saved_as_it_ends_and_not_again_when_its_sequence_goes():
+    """Defect: a kept conversation reached the tiers only when its sequence was wanted or at close, so with
+    --cache-dir a crash (or a kill) lost every turn of it since; `chat --resume` then started cold."""
+    s = Scheduler(FakeKv(per_seq=True), 600, 2, 64, 300, keep_finished=True, write_through=True)
+    s.kv.take()
+    a = finished_turn(s, list(range(1, 21)))
+    assert s.kv.take() == [("save", a.seq, list(range(1, 21)))] and a.seq in s.kept  # saved, and kept in place
+    finished_turn(s, list(range(30, 50)))
+    s.kv.take()
+    s.add(list(range(100, 130)), 1, 3)  # a's sequence is wanted: already saved, it is only dropped
+    s.schedule()
+    assert s.kv.take() == [("rm", a.seq, 0)]

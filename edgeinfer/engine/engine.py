@@ -150,8 +150,10 @@ class Engine:
             token_budget=self.ctx.n_batch,
             cells_per_seq=self.ctx.n_ctx_seq if self.per_seq else None,
             max_queue=config.max_queue,
-            # Finished conversations stay in their sequences where there are tiers to keep them in at all.
+            # Finished conversations stay in their sequences where there are tiers to keep them in at all; with a
+            # disk tier each is written there as it ends as well, so that a crash or a kill loses none of it.
             keep_finished=self.store is not None and self.store.ram_bytes > 0,
+            write_through=self.store is not None and self.store.disk is not None,
         )
         self.metrics = Metrics()
         # Threads fitted to the load only where the user left them to us (--threads and --threads-batch 0).

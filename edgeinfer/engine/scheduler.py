@@ -86,6 +86,7 @@ class Scheduler:
         cells_per_seq: int | None = None,
         max_queue: int | None = None,
         keep_finished: bool = False,
+        write_through: bool = False,
     ) -> None:
         if token_budget < max_streams:
             raise ValueError("token budget must be at least the number of streams")
@@ -114,6 +115,8 @@ class Scheduler:
         # Finished conversations kept in their sequences, least recently ended first. Only with one KV stream
         # per sequence: in a unified cache their cells would be taken from the reservations of running ones.
         self.keep_finished = keep_finished and cells_per_seq is not None
+        # A kept conversation is copied to the tiers as it ends too (a disk tier: a crash then loses no turn of it).
+        self.write_through = write_through
         self.kept: OrderedDict[int, Kept] = OrderedDict()
         self._kept_index = PrefixIndex()  # their tokens, by sequence
         self.resumed_in_place = 0  # prompts that went on in a kept sequence
@@ -489,7 +492,7 @@ class Scheduler:
 
     def _retire(self, seq: int, tokens: list[int] | None, keep: bool = False) -> None:
         if keep and tokens is not None and self.keep_finished:
-            self.kept[seq] = Kept(tokens)
+            self.kept[seq] = Kept(tokens, saved=self.write_through and self._try_save(seq, tokens))
             self._kept_index.insert(seq, tokens)
             return
         try:
