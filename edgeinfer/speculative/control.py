@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -74,22 +75,29 @@ class StepCosts:
         """Seconds for a batch of n; given `base`, for n grown by drafts from a plain batch of base tokens."""
         if base is None or n <= base:
             return self._by_size(n)
-        t_base = self._by_size(base)
-        if t_base is None:
-            return None
-        if (ratio := self._ratio(_bucket(base), n)) is not None:
-            return t_base * ratio
-        t = self._by_size(n)
-        return None if t is None else max(t, t_base)
+        return self.grown_from(base)(n)
 
-    def _ratio(self, b0: int, n: int) -> float | None:
-        """A step of n tokens over a plain one of bucket b0: linear between the measured sizes (and 1.0 at b0
-        itself), extrapolated upwards from the last two; None if no step with drafts grew from b0."""
-        points = {size: r for (base, size), r in self.ratios.items() if base == b0}
-        if not points:
-            return None
-        points.setdefault(b0, 1.0)
-        return _interpolate(points, n)
+    def grown_from(self, base: int) -> Callable[[int], float | None]:
+        """estimate(n, base) for sizes n > base, the plain step and its multiples looked up once: a plan asks
+        for every extra token's size in turn (128 at 16 streams of 8 drafts; 0.5 ms a step when each call
+        looked them up again). A step with drafts is its measured multiple of the plain step of base's
+        bucket, linear between the measured sizes (1.0 at the bucket itself) and extrapolated upwards from
+        the last two; with no multiple measured from that bucket, the larger of its size's step and base's."""
+        t_base = self._by_size(base)
+        b0 = _bucket(base)
+        points = {size: r for (b, size), r in self.ratios.items() if b == b0}
+        if points:
+            points.setdefault(b0, 1.0)
+
+        def at(n: int) -> float | None:
+            if t_base is None:
+                return None
+            if points:
+                return t_base * _interpolate(points, n)
+            t = self._by_size(n)
+            return None if t is None else max(t, t_base)
+
+        return at
 
     def _by_size(self, n: int) -> float | None:
         """Linear between the nearest measured sizes (kept by bucket); None if none."""
@@ -162,7 +170,8 @@ class Controller:
         if not candidates or self.max_draft == 0:
             return {}
         t_base = self.target.estimate(base_tokens)
-        if not t_base or self.target.estimate(base_tokens + 1, base_tokens) is None:
+        grown = self.target.grown_from(base_tokens)
+        if not t_base or grown(base_tokens + 1) is None:
             return self._explore(candidates)  # unmeasured, or extrapolated down to 0 s from larger sizes only
         rate = max(n_decoding, 1) / t_base  # tokens/s without speculation
         plan = dict.fromkeys((c.key for c in candidates), 0)
@@ -175,7 +184,7 @@ class Controller:
         total, t_prev = 0, t_base
         while heap:
             gain, i, c = heapq.heappop(heap)
-            t_next = self.target.estimate(base_tokens + total + 1, base_tokens)
+            t_next = grown(base_tokens + total + 1)
             assert t_next is not None  # measured: base_tokens + 1 was
             if -gain <= max(t_next - t_prev, 0.0) * rate * self.margin:
                 break
