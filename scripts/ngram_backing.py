@@ -13,7 +13,6 @@ and the mean tokens accepted of 8: what the speculator's priors by backing stand
 from __future__ import annotations
 
 import argparse
-import bisect
 import sys
 from collections import defaultdict
 
@@ -21,7 +20,7 @@ from edgeinfer.bench.workloads import MAX_TOKENS, messages
 from edgeinfer.models.catalog import resolve_model
 from edgeinfer.options import EngineConfig, SamplingParams
 from edgeinfer.runtime import make_engine
-from edgeinfer.speculative.ngram import BACKING, NgramIndex
+from edgeinfer.speculative.ngram import BACKING, NgramIndex, backing_of
 
 WORKLOADS = ("chat", "code-edit", "agent", "multi-agent", "json")
 
@@ -36,7 +35,7 @@ def replay(prompt: list[int], answer: list[int], k: int, table: dict[int, list[i
             right = 0
             while right < len(draft) and j + right < len(answer) and draft[right] == answer[j + right]:
                 right += 1
-            row = table[BACKING[bisect.bisect_right(BACKING, matched) - 1]]
+            row = table[backing_of(matched)]
             row[0] += 1
             row[1] += right > 0
             row[2] += right

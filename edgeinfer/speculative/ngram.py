@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 BACKING = (2, 3, 4, 5, 7, 9, 13, 17, 25, 32)
 
 
+def backing_of(matched: int) -> int:
+    """The BACKING bucket of a match of `matched` tokens (at least 2: the shortest n-gram looked up)."""
+    return BACKING[bisect.bisect_right(BACKING, matched) - 1]
+
+
 class NgramIndex:
     """Positions of n-grams in one stream's tokens, updated as tokens are appended.
 
@@ -82,7 +87,7 @@ class NgramDrafter:
         assert stream.drafting is not None
         found, matched = stream.drafting.own.draft(room)
         self._found[stream.id] = found
-        return Offer(len(found), BACKING[bisect.bisect_right(BACKING, matched) - 1] if found else 0)
+        return Offer(len(found), backing_of(matched) if found else 0)
 
     def draft(self, picks: list[Pick], on_step: Callable[[int, float], None]) -> dict[int, Draft]:
         out = {p.stream.id: Draft(self._found[p.stream.id][: p.k], None) for p in picks}

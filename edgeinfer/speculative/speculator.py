@@ -93,7 +93,6 @@ class Speculator:
         # Acceptance of backed drafts (Offer.backing > 0), across streams, by (backing, sampled): a long n-gram
         # match is a copy going on in any stream, and a sampled stream takes fewer drafts than a greedy one.
         self._backed: dict[tuple[int, bool], Acceptance] = {}
-        self._explored = False  # the drafts proposed last were the controller's exploring ones
         self.enabled = True  # False: no drafts (the benchmark compares both on one engine); verification goes on
 
     def attach(self, stream: Stream) -> None:
@@ -148,7 +147,6 @@ class Speculator:
         if self.adaptive:
             base = len(decoding) + prefill_tokens
             plan = self.controller.plan(cands, base, len(decoding), self.drafter.runs_model)
-            self._explored = self.controller.explored
         else:
             plan = {c.key: c.available for c in cands}
         plan = {key: k for key, k in plan.items() if k > 0}
@@ -178,7 +176,7 @@ class Speculator:
         """A decode-only step, drafting and verification included: feeds the gate. Not an exploring step's: its
         drafts are the ones the costs said would not pay (the gate judges the drafts they chose); two refused
         at a server's first answer shut the gate, and it took hundreds of steps to open again."""
-        if drafted and self._explored:
+        if drafted and self.controller.explored:  # a step's drafts come from that step's plan
             return
         self.gate.observe(n_decoding, drafted, tokens, seconds)
 
