@@ -44,6 +44,13 @@ __all__ = ["BatchItem", "Group", "KvCache", "Scheduler", "Status", "StepOutput",
 MIN_SHARE = 16
 
 
+def _worth_copying(live: int, held: int) -> bool:
+    """A running stream's prompt prefix of `live` tokens is worth copying (and waiting a step for, when it is
+    not computed yet) over the `held` tokens a kept sequence or the tiers give, only if it adds MIN_SHARE:
+    with a KV stream per sequence the copy moves the source's whole stream, and the wait costs a step."""
+    return live >= held + MIN_SHARE
+
+
 @dataclass(slots=True)
 class Kept:
     """A finished conversation still in its sequence."""
@@ -350,14 +357,15 @@ class Scheduler:
             # The longest prefix already there: saved in the tiers, or a running stream's prompt.
             key, saved_len = self.kv.longest(g.prompt)
             live_id, live_len = self.live.longest(g.prompt)
-            reuse = min(saved_len, last)
-            if key >= 0 and reuse >= MIN_SHARE and saved_len >= live_len and self.kv.restore(key, leader.seq, reuse):
+            reuse = min(saved_len, last) if key >= 0 and saved_len >= MIN_SHARE else 0
+            live = min(live_len, last) if live_id >= 0 else 0
+            if not _worth_copying(live, reuse) and reuse and self.kv.restore(key, leader.seq, reuse):
                 leader.n_computed = leader.n_cached = reuse
                 self.prompt_tokens_cached += reuse
-            elif live_id >= 0 and min(live_len, last) >= MIN_SHARE:
+            elif live >= MIN_SHARE:
                 # A running stream computes (or has computed) this prefix: copy it once it is there.
                 leader.share_src = self._live_streams[live_id]
-                leader.share_len = min(live_len, last)
+                leader.share_len = live
         for s in streams[1:]:
             s.seq = self._take_seq()
             s.fork_pending = True
@@ -369,16 +377,20 @@ class Scheduler:
         self.reserved += g.reserve
 
     def _resume(self, leader: Stream, prompt: list[int]) -> bool:
-        """Start the leader in the kept sequence holding the longest prefix of its prompt, when nothing holds a
-        longer one and the running sequences stay as consecutive as in any other. A kept prefix that cannot be
+        """Start the leader in the kept sequence holding the longest prefix of its prompt, when the tiers hold no
+        longer one, no running stream's prompt is worth copying instead and the running sequences stay as
+        consecutive as in any other. A kept prefix that cannot be
         resumed in place is saved to the tiers, for the restore that follows."""
         seq, n = self._kept_index.longest(prompt)
         reuse = min(n, len(prompt) - 1)
         if seq < 0 or reuse < MIN_SHARE:
             return False
         kept = self.kept[seq]
-        if n < max(self.kv.longest(prompt)[1], self.live.longest(prompt)[1]) or self._runs_with(seq) > min(
-            self._runs_with(c) for c in self._candidates()
+        live = min(self.live.longest(prompt)[1], len(prompt) - 1)
+        if (
+            n < self.kv.longest(prompt)[1]
+            or _worth_copying(live, reuse)
+            or self._runs_with(seq) > min(self._runs_with(c) for c in self._candidates())
         ):
             self._save_kept(seq, kept)
             return False
