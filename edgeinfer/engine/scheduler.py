@@ -379,8 +379,8 @@ class Scheduler:
     def _resume(self, leader: Stream, prompt: list[int]) -> bool:
         """Start the leader in the kept sequence holding the longest prefix of its prompt, when the tiers hold no
         longer one, no running stream's prompt is worth copying instead and the running sequences stay as
-        consecutive as in any other. A kept prefix that cannot be
-        resumed in place is saved to the tiers, for the restore that follows."""
+        consecutive as in any other. A kept prefix that cannot be resumed in place is saved to the tiers, for
+        the restore that follows."""
         seq, n = self._kept_index.longest(prompt)
         reuse = min(n, len(prompt) - 1)
         if seq < 0 or reuse < MIN_SHARE:
