@@ -290,6 +290,15 @@ def test_short_shared_prefixes_are_computed_again():
     assert g2.streams[0].n_cached == 0 and not any(c[0] == "restore" for c in s.kv.calls)
 
 
+def test_a_saved_prefix_cut_below_16_tokens_by_the_prompt_end_is_computed_again():
+    s = make()
+    s.kv.save(0, list(range(1, 21)))
+    g = s.add(list(range(1, 17)), 1, 2)  # all 16 tokens saved, but the last is computed again: 15 to reuse
+    plan = s.schedule()
+    assert g.streams[0].n_cached == 0 and not any(c[0] == "restore" for c in s.kv.calls)
+    assert plan.items[0].tokens == list(range(1, 17))
+
+
 def test_concurrent_requests_sharing_a_prompt_prefix_compute_it_once():
     s = make(streams=4, budget=64)
     system = list(range(100, 150))  # 50 tokens

@@ -357,7 +357,8 @@ class Scheduler:
             # The longest prefix already there: saved in the tiers, or a running stream's prompt.
             key, saved_len = self.kv.longest(g.prompt)
             live_id, live_len = self.live.longest(g.prompt)
-            reuse = min(saved_len, last) if key >= 0 and saved_len >= MIN_SHARE else 0
+            held = min(saved_len, last) if key >= 0 else 0
+            reuse = held if held >= MIN_SHARE else 0
             live = min(live_len, last) if live_id >= 0 else 0
             if not _worth_copying(live, reuse) and reuse and self.kv.restore(key, leader.seq, reuse):
                 leader.n_computed = leader.n_cached = reuse
