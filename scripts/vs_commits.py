@@ -18,13 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vs_llama_server import running_servers
+from vs_llama_server import running_servers, server_flags, workloads_of
 
 from edgeinfer.bench.progress import BarProgress
 from edgeinfer.bench.report import print_sweep
 from edgeinfer.bench.sweep import run_sweep, runs_in
 from edgeinfer.bench.targets import ServerTarget
-from edgeinfer.bench.workloads import MAX_TOKENS, WORKLOADS
+from edgeinfer.bench.workloads import MAX_TOKENS
 from edgeinfer.models.catalog import resolve_model
 
 
@@ -45,13 +45,10 @@ def main() -> int:
         if not sep or not (Path(tree) / "edgeinfer" / "__init__.py").is_file():
             sys.exit(f"{arg!r}: give NAME=TREE, TREE a checkout with an edgeinfer/ package")
         trees[name] = Path(tree).resolve()
-    workloads = args.workloads.split(",")
-    if unknown := set(workloads) - set(WORKLOADS):
-        sys.exit(f"unknown workload(s) {', '.join(sorted(unknown))}; use {', '.join(WORKLOADS)}")
+    workloads = workloads_of(args.workloads)
     levels = [int(x) for x in args.concurrency.split(",")]
     model = str(resolve_model(args.model))
-    common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", "32768"]
-    common += ["--parallel", "16", "--batch-size", "512", "--ubatch-size", "512", "--flash-attn", "off"]
+    common = server_flags(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-commits-") as tmp:
         folder = Path(tmp)

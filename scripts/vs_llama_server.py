@@ -76,6 +76,23 @@ def running_servers(commands: dict[str, list[str]], sockets: dict[str, Path], fo
                 p.kill()
 
 
+def server_flags(
+    threads: int, ctx_size: int = 32768, parallel: int = 16, batch_size: int = 512, flash_attn: str = "off"
+) -> list[str]:
+    """The settings every server in a comparison gets (edgeinfer serve and llama-server take the same flags)."""
+    flags = ["--threads", str(threads), "--threads-batch", str(threads), "--ctx-size", str(ctx_size)]
+    flags += ["--parallel", str(parallel), "--batch-size", str(batch_size), "--ubatch-size", "512"]
+    return [*flags, "--flash-attn", flash_attn]
+
+
+def workloads_of(text: str) -> list[str]:
+    """--workloads, checked against the bench's."""
+    workloads = text.split(",")
+    if unknown := set(workloads) - set(WORKLOADS):
+        sys.exit(f"unknown workload(s) {', '.join(sorted(unknown))}; use {', '.join(WORKLOADS)}")
+    return workloads
+
+
 def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -107,17 +124,13 @@ def main() -> int:
     binary = args.llama_server.expanduser().resolve()
     if not os.access(binary, os.X_OK):
         sys.exit(f"{binary} is not an executable; build one with scripts/build_llama_server.sh")
-    workloads = args.workloads.split(",")
-    if unknown := set(workloads) - set(WORKLOADS):
-        sys.exit(f"unknown workload(s) {', '.join(sorted(unknown))}; use {', '.join(WORKLOADS)}")
+    workloads = workloads_of(args.workloads)
     levels = [int(x) for x in args.concurrency.split(",")]
     if max(levels) > args.parallel:
         sys.exit(f"--concurrency {max(levels)} is above --parallel {args.parallel}: requests would queue")
     model = resolve_model(args.model)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the servers are stopped on the way out
-    common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", str(args.ctx_size)]
-    common += ["--parallel", str(args.parallel), "--batch-size", str(args.batch_size), "--ubatch-size", "512"]
-    common += ["--flash-attn", args.flash_attn]
+    common = server_flags(args.threads, args.ctx_size, args.parallel, args.batch_size, args.flash_attn)
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-vs-") as tmp:
         folder = Path(tmp)
