@@ -54,8 +54,8 @@ def test_a_step_with_drafts_takes_at_most_latency_cap_plain_ones():
     for n in (1, 2, 4):
         ctl.draft.observe(n, 0.004)  # a draft model's step, before the target's
     assert ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, True) == {1: 0}  # 17 + 4 ms > 17.5 ms
-    # Unmeasured, nothing to cap by: the exploring draft goes ahead.
-    assert Controller(max_draft=8).plan([Candidate(1, 0.9, 8)], 1, 1, False) == {1: 2}
+    # Unmeasured, nothing to cap by: a plain step, which times the base.
+    assert Controller(max_draft=8).plan([Candidate(1, 0.9, 8)], 1, 1, False) == {}
 
 
 def test_a_step_with_drafts_is_costed_against_the_plain_step_at_todays_context():
@@ -96,10 +96,41 @@ def test_a_draft_model_as_costly_as_the_target_is_not_used():
     assert cheap.plan([Candidate(1, 0.97, 8)], 1, 1, True)[1] >= 4
 
 
-def test_unmeasured_costs_explore_with_a_short_draft():
+def test_unmeasured_costs_take_a_plain_step_first_and_then_price_drafts_against_it():
     ctl = Controller(max_draft=8)
-    plan = ctl.plan([Candidate(1, 0.5, 8), Candidate(2, 0.8, 8)], 2, 2, False)
-    assert plan == {2: 2}
+    cands = [Candidate(1, 0.5, 8), Candidate(2, 0.8, 8)]
+    assert ctl.plan(cands, 2, 2, False) == {}
+    ctl.target.observe(2, 0.010)  # the plain step that followed
+    ctl.target.observe(3, 0.0105)  # and a step of three tokens, once: an extra token costs little
+    assert ctl.plan(cands, 2, 2, False)[2] >= 1
+
+
+def test_a_fresh_servers_first_steps_after_a_long_prompt_are_not_priced_by_its_prompt_chunks():
+    """Measured: a fresh engine (--spec auto), one stream, a 7,680-token prompt. Only its 512-token chunks were timed
+    (4.9 s each), so a one-token step was estimated at 4.9 s and every extra token looked free: eight drafts a step.
+    That step (9 tokens, 137 ms) then taught a multiple of 0.03 against the 4.9 s, and ten more such steps followed
+    (130-137 ms each, against a plain step of 35 ms: the answer's ITL p99 was 3.9x its p50)."""
+    ctl = Controller(max_draft=8)
+    for _ in range(15):
+        ctl.target.observe(512, 4.86)
+    one = [Candidate(1, alpha=0.95, available=8)]
+    assert ctl.plan(one, 1, 1, False) == {}  # a plain step: it times the one-token step
+    ctl.target.observe(9, 0.137, drafts=8)  # had a step with drafts come anyway, against an untimed base
+    assert ctl.target.ratios == {}  # it teaches no multiple
+    ctl.target.observe(1, 0.035)
+    plan = ctl.plan(one, 1, 1, False)
+    assert 1 <= plan[1] <= 2  # priced against the 35 ms step, and held within the cap by size
+
+
+def test_a_step_estimated_from_prompt_chunks_alone_takes_a_plain_step():
+    """Only two prompt chunks measured, the larger much slower: the line through them, extrapolated down to a one-token
+    step, ends below zero and is clamped to 0 s. The rate without drafts (streams / T) divided by that, and a
+    ZeroDivisionError switched speculation off for the server's life."""
+    ctl = Controller(max_draft=8)
+    ctl.target.observe(64, 0.1)
+    ctl.target.observe(96, 0.5)
+    assert ctl.target.estimate(1) == 0.0
+    assert ctl.plan([Candidate(1, 0.9, 8)], base_tokens=1, n_decoding=1, uses_draft_model=False) == {}
 
 
 def test_acceptance_moves_towards_what_is_observed():
@@ -247,17 +278,6 @@ def test_a_long_match_drafts_and_a_two_token_match_does_not_and_the_rate_is_lear
     assert spec.propose([loose], 512) == {}
 
 
-def test_a_step_size_estimated_at_zero_seconds_explores_instead_of_dividing_by_it():
-    """Only two prompt chunks measured, the larger much slower: the line through them, extrapolated down to a one-token
-    step, ends below zero and is clamped to 0 s. The rate without drafts (streams / T) divided by that, and a
-    ZeroDivisionError switched speculation off for the server's life."""
-    ctl = Controller(max_draft=8)
-    ctl.target.observe(64, 0.1)
-    ctl.target.observe(96, 0.5)
-    assert ctl.target.estimate(1) == 0.0
-    assert ctl.plan([Candidate(1, 0.9, 8)], base_tokens=1, n_decoding=1, uses_draft_model=False) == {1: 2}
-
-
 def test_a_drafted_step_estimated_past_the_cap_is_measured_again():
     """At one stream on a CPU a 2-token step costs 1.5 plain ones; a few slow ones on a busy machine put it over
     LATENCY_CAP, and then nothing drafted, so nothing measured it again: the stream never drafted again. Now
@@ -283,9 +303,13 @@ def test_an_exploring_draft_is_not_held_against_the_drafts_the_costs_choose():
     text = list(range(100, 140))
     s = FakeStream(1, [1, 2, *text, 3, 4, *text[:12]])
     spec.attach(s)
-    assert spec.propose([s], 512) == {1: text[12:14]}  # nothing measured yet: an exploring draft
+    spec.controller.explore_every = 1  # every step the costs refuse drafts explores
+    spec.controller.target.observe(1, 0.0128)
+    spec.controller.target.observe(2, 0.040)  # two tokens cost three plain steps: past the cap
+    assert spec.propose([s], 512) == {1: text[12:13]}  # an exploring draft
     spec.observe_iteration(1, drafted=True, tokens=1, seconds=0.030)  # refused, and slow
     assert spec.gate.n_on == {}
+    spec.controller.target = StepCosts()
     one_cpu_stream(spec)
     assert spec.propose([s], 512) == {1: text[12:13]}  # chosen by the costs: the gate counts it
     spec.observe_iteration(1, drafted=True, tokens=2, seconds=0.019)

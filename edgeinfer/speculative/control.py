@@ -63,13 +63,21 @@ class StepCosts:
     ratios: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def observe(self, n: int, seconds: float, drafts: int = 0) -> None:
-        if drafts > 0 and (t_base := self.estimate(n - drafts)) is not None and t_base > 0:
+        # A multiple is learned only against a plain step of the base's own size: one estimated from other sizes
+        # (a fresh server's 512-token prompt chunks, 4.9 s at 7,680 tokens of context) gave a multiple of 0.03,
+        # and the estimates it gave let through a run of nine-token steps of four plain steps each.
+        t_base = self.estimate(n - drafts) if drafts > 0 and self.measured(n - drafts) else None
+        if t_base:
             key, ratio = (_bucket(n - drafts), _bucket(n)), seconds / t_base
             # A busy machine only ever slows a step: a slower one than expected moves the multiple a quarter as
             # far as a faster one (two 30 ms steps among 19 ms ones put one stream's 2-token step over the cap).
             old = self.ratios.get(key)
             _ema(self.ratios, key, ratio, self.weight if old is None or ratio < old else self.weight / 4)
         _ema(self.table, _bucket(n), seconds, self.weight)
+
+    def measured(self, n: int) -> bool:
+        """Steps of n's bucket have been timed: an estimate of n is not drawn from other sizes alone."""
+        return _bucket(n) in self.table
 
     def estimate(self, n: int, base: int | None = None) -> float | None:
         """Seconds for a batch of n; given `base`, for n grown by drafts from a plain batch of base tokens."""
@@ -170,9 +178,13 @@ class Controller:
         if not candidates or self.max_draft == 0:
             return {}
         t_base = self.target.estimate(base_tokens)
+        if not self.target.measured(base_tokens) or not t_base:
+            # A plain step first: it times the base size, and drafts are priced against it. Estimated from other
+            # sizes only, a step of one token after a long prompt came out as the prompt's 512-token chunks (a
+            # single size measured: its time everywhere) or as 0 s (two sizes, extrapolated down), and a plan priced
+            # on that drafted eight tokens a step at four plain steps' time (one stream, 7,680 tokens of context).
+            return {}
         grown = self.target.grown_from(base_tokens)
-        if not t_base or grown(base_tokens + 1) is None:
-            return self._explore(candidates)  # unmeasured, or extrapolated down to 0 s from larger sizes only
         rate = max(n_decoding, 1) / t_base  # tokens/s without speculation
         plan = dict.fromkeys((c.key for c in candidates), 0)
         # The batch's extra tokens, the likeliest to be accepted first (a stream's k-th draft token: alpha^k), each
@@ -185,7 +197,7 @@ class Controller:
         while heap:
             gain, i, c = heapq.heappop(heap)
             t_next = grown(base_tokens + total + 1)
-            assert t_next is not None  # measured: base_tokens + 1 was
+            assert t_next is not None  # the base is measured
             if -gain <= max(t_next - t_prev, 0.0) * rate * self.margin:
                 break
             plan[c.key] += 1
@@ -199,7 +211,7 @@ class Controller:
             # Past the cap too: what a step with drafts costs is only measured by taking one. A few slow
             # steps on a busy machine can put a drafted step's estimate over the cap; without this it
             # would never be measured again, and the stream never draft again.
-            plan = self._explore(candidates, k=1)
+            plan = self._explore(candidates)
         return plan
 
     def _within_latency(
@@ -253,11 +265,11 @@ class Controller:
             depth = 1
         return {key: min(k, depth) for key, k in plan.items()}
 
-    def _explore(self, candidates: list[Candidate], k: int = 2) -> dict[int, int]:
-        """Too little measured yet: a short draft on one stream, to learn its cost and acceptance."""
+    def _explore(self, candidates: list[Candidate]) -> dict[int, int]:
+        """The costs chose no draft: one draft token on the likeliest stream, to measure its cost and acceptance."""
         self.explored = True
         best = max(candidates, key=lambda c: c.alpha)
-        return {best.key: min(k, best.available, self.max_draft)}
+        return {best.key: min(1, best.available, self.max_draft)}
 
 
 @dataclass(slots=True)
