@@ -8,6 +8,7 @@ Each NAME=TREE starts `edgeinfer serve` from that source tree (run inside it, so
 `edgeinfer` package is imported; this venv's dependencies), with vs_llama_server.py's settings,
 beside one llama-server (a KV stream per slot, its default with --parallel). The servers take
 turns through `edgeinfer bench`'s sweep (best of --repeats), as in vs_llama_server.py.
+--parallel and --ctx-size change the servers' shape (serve's own default: 8 slots of 8,192 cells).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main() -> int:
     ap.add_argument("--workloads", default="chat")
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--parallel", type=int, default=16, help="Slots in each server (vs_llama_server.py's 16).")
+    ap.add_argument("--ctx-size", type=int, default=32768, help="KV cells in each server (per slot: / --parallel).")
     args = ap.parse_args()
 
     trees = {}
@@ -48,7 +51,7 @@ def main() -> int:
     workloads = workloads_of(args.workloads)
     levels = [int(x) for x in args.concurrency.split(",")]
     model = str(resolve_model(args.model))
-    common = server_flags(args.threads)
+    common = server_flags(args.threads, ctx_size=args.ctx_size, parallel=args.parallel)
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-commits-") as tmp:
         folder = Path(tmp)

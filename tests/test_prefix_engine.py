@@ -71,3 +71,47 @@ def test_ram_tier_evicts_least_recently_used_and_leaves_live_streams_intact(mode
         oldest = ask(eng, f"Question 0: {QUESTIONS[0]}", system="Shop 0. " + SYSTEM)
         assert eng.generate(newest, PLAIN).stats.cached_tokens == len(newest) - 1
         assert eng.generate(oldest, PLAIN).stats.cached_tokens == 0
+
+
+def test_a_short_sequence_shared_through_its_state_matches_a_whole_stream_copy(model_path):
+    """Per-sequence KV on the CPU: seq_share copies a sequence filling at most half its stream through its state
+    (its own cells, at once); a longer one, or one whose own stream copy has not landed yet, as the whole stream
+    at the next decode. The next token's logits after either copy are the same, bit for bit: the same bytes at
+    the same positions, decoded in batches of the same shape."""
+    import numpy as np
+
+    from edgeinfer.llamacpp import Batch, Context, ContextParams, Model
+
+    model = Model(model_path)
+    ctx = Context(model, ContextParams(n_ctx=4 * 256, n_seq_max=4, flash_attn="off"))  # 256 cells a stream
+    batch = Batch(256)
+    try:
+        text = model.vocab.tokenize(SYSTEM * 3)
+        batch.add(0, text[:100], 0, False)
+        assert ctx.decode(batch)
+
+        def next_logits(seq: int) -> np.ndarray:
+            batch.clear()
+            row = batch.add(seq, text[60:61], 60, True)
+            assert ctx.decode(batch)
+            ctx.seq_rm(seq, 60, -1)
+            return ctx.logits(row)
+
+        assert ctx.seq_share(0, 1, 60) is False  # 100 of 256 cells: through the state, at once
+        assert ctx.seq_pos_max(1) == 59
+        by_state = next_logits(1)
+        ctx.seq_cp(0, 2)  # a whole-stream copy, landing at the next decode
+        ctx.seq_rm(2, 60, -1)
+        assert ctx.seq_share(2, 3, 60) is True  # its source has not landed yet: copied as a stream, behind it
+        by_stream, behind = next_logits(2), next_logits(3)
+        assert np.array_equal(by_state, by_stream) and np.array_equal(by_state, behind)
+        batch.clear()
+        batch.add(0, text[100:160], 100, False)
+        assert ctx.decode(batch)  # 160 of 256 cells: more than half
+        ctx.seq_rm(1)
+        assert ctx.seq_share(0, 1, 60) is True
+        assert np.array_equal(next_logits(1), by_state)
+    finally:
+        batch.close()
+        ctx.close()
+        model.close()

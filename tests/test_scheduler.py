@@ -28,6 +28,7 @@ class FakeKv:
 
     def share(self, src, dst, n):
         self.calls.append(("share", src, dst, n))
+        return self.per_seq
 
     def save(self, seq, tokens):
         self.calls.append(("save", seq, list(tokens)))
@@ -41,9 +42,6 @@ class FakeKv:
     def restore(self, key, seq, n):
         self.calls.append(("restore", key, seq, n))
         return self.restorable
-
-    def copies_land_at_decode(self):
-        return self.per_seq
 
     def take(self):
         calls, self.calls = self.calls, []

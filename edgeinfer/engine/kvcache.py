@@ -168,16 +168,12 @@ class ContextKv:
     def __init__(self, ctx: Context, store: KvStore | None) -> None:
         self.ctx = ctx
         self.store = store
-        self.per_seq = not ctx.kv_unified
 
     def rm(self, seq: int, p0: int = 0) -> None:
         self.ctx.seq_rm(seq, p0, -1)
 
-    def share(self, src: int, dst: int, n: int) -> None:
-        self.ctx.seq_share(src, dst, n)
-
-    def copies_land_at_decode(self) -> bool:
-        return self.per_seq
+    def share(self, src: int, dst: int, n: int) -> bool:
+        return self.ctx.seq_share(src, dst, n)
 
     def save(self, seq: int, tokens: list[int]) -> None:
         if self.store is None or self.store.ram_bytes <= 0:

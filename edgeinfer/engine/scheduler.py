@@ -65,8 +65,9 @@ class KvCache(Protocol):
     def rm(self, seq: int, p0: int = 0) -> None:
         """Drop positions p0 and after of seq (p0 = 0: all of it)."""
 
-    def share(self, src: int, dst: int, n: int) -> None:
-        """dst holds src's first n positions from now on (dst was empty)."""
+    def share(self, src: int, dst: int, n: int) -> bool:
+        """dst holds src's first n positions from now on (dst was empty). True when the bytes move only at the
+        next decode (a whole KV stream copied): until then neither sequence may be freed for another."""
 
     def save(self, seq: int, tokens: list[int]) -> None:
         """Keep seq's KV, which holds `tokens`, in the tiers for a later prompt; seq is freed after."""
@@ -76,9 +77,6 @@ class KvCache(Protocol):
 
     def restore(self, key: int, seq: int, n: int) -> bool:
         """seq (empty) holds the entry's first n positions from now on; False if the entry could not be read."""
-
-    def copies_land_at_decode(self) -> bool:
-        """True when share() moves bytes only at the next decode (one KV stream per sequence)."""
 
 
 class Scheduler:
@@ -480,8 +478,7 @@ class Scheduler:
                 s.share_src = None  # its source is gone: compute the prompt itself
 
     def _share(self, src: int, dst: int, n: int) -> None:
-        self.kv.share(src, dst, n)
-        if self.kv.copies_land_at_decode():
+        if self.kv.share(src, dst, n):
             self._copying.update((src, dst))
 
     @staticmethod
