@@ -28,6 +28,9 @@ ggml.bind(C.llama_cpp._lib)
 DEFAULT_SEED = C.LLAMA_DEFAULT_SEED
 # Set by the test suite while a test of its pure tier runs (tests/conftest.py): a model load there fails.
 NO_MODELS_ENV = "EDGEINFER_NO_MODELS"
+# Context.seq_share copies a sequence through its state only up to this size: the bytes are held in RAM in
+# between (a 7B model's 4,096 tokens would be about 2 GiB); a larger one is copied as its whole stream.
+STATE_COPY_MAX = 256 << 20
 
 KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
 FLASH_ATTN = {
@@ -335,18 +338,23 @@ class Context:
     def seq_share(self, src: int, dst: int, n: int) -> bool:
         """dst (empty) holds src's first n positions. Unified KV shares the cells. Per sequence, a KV stream
         held in host memory whose sequence fills at most half of it is copied through the sequence's state
-        (its own cells only, read and written at once); otherwise llama.cpp copies src's whole stream, at
-        the next decode. Either way dst's tail past n is dropped. True when the bytes move at the next decode.
-        A source whose own stream copy has not landed yet holds its positions but not their bytes: it is
-        copied as a stream too, behind that copy.
+        (its own cells only, read and written at once; at most STATE_COPY_MAX bytes held in between);
+        otherwise llama.cpp copies src's whole stream, at the next decode. Either way dst's tail past n is
+        dropped. True when the bytes move at the next decode. A source whose own stream copy has not landed
+        yet holds its positions but not their bytes: it is copied as a stream too, behind that copy.
 
         seq_cp between streams moves every cell of the stream, used or not: on the 2-core VM a 33-token
-        prompt copied to 7 streams of 8,192 cells took 74 ms a copy, through its state 4 ms
+        prompt copied to 7 streams of 8,192 cells took 75 ms a copy, through its state 4 ms
         (`scripts/seq_share_cost.py`)."""
         if self.kv_unified:
             self.seq_cp(src, dst, 0, n)
             return False
-        if self.kv_on_host and src not in self._landing and 2 * (self.seq_pos_max(src) + 1) <= self.n_ctx_seq:
+        if (
+            self.kv_on_host
+            and src not in self._landing
+            and 2 * (self.seq_pos_max(src) + 1) <= self.n_ctx_seq
+            and C.llama_state_seq_get_size(self._h, src) <= STATE_COPY_MAX
+        ):
             if self.set_seq_state(dst, self.seq_state(src)):
                 self.seq_rm(dst, n, -1)
                 return False
