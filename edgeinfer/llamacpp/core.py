@@ -353,9 +353,9 @@ class Context:
             self.kv_on_host
             and src not in self._landing
             and 2 * (self.seq_pos_max(src) + 1) <= self.n_ctx_seq
-            and C.llama_state_seq_get_size(self._h, src) <= STATE_COPY_MAX
+            and (size := C.llama_state_seq_get_size(self._h, src)) <= STATE_COPY_MAX
         ):
-            if self.set_seq_state(dst, self.seq_state(src)):
+            if self.set_seq_state(dst, self._read_state(src, size)):
                 self.seq_rm(dst, n, -1)
                 return False
             self.seq_rm(dst)  # no room for it: copy the stream instead
@@ -365,7 +365,9 @@ class Context:
 
     def seq_state(self, seq: int) -> bytearray:
         """One sequence's KV, serialized (llama_state_seq_get_data) straight into a bytearray: no second copy."""
-        size = C.llama_state_seq_get_size(self._h, seq)
+        return self._read_state(seq, C.llama_state_seq_get_size(self._h, seq))
+
+    def _read_state(self, seq: int, size: int) -> bytearray:
         data = bytearray(size)
         n = C.llama_state_seq_get_data(self._h, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
         if n != size:
