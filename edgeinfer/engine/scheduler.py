@@ -47,8 +47,8 @@ MIN_SHARE = 16
 def _worth_copying(live: int, held: int) -> bool:
     """A running stream's prompt prefix of `live` tokens is worth copying (and waiting a step for, when it is
     not computed yet) over the `held` tokens a kept sequence or the tiers give, only if it adds MIN_SHARE:
-    the wait costs a step, and with a KV stream per sequence on a GPU the copy moves the source's whole
-    stream (Context.seq_share)."""
+    the wait costs a step, and with a KV stream per sequence the copy may move the source's whole stream
+    (on a GPU, or from a source filling more than half of it: Context.seq_share)."""
     return live >= held + MIN_SHARE
 
 
