@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vs_llama_server import running_servers, server_flags, workloads_of
+from vs_llama_server import levels_of, running_servers, server_flags, workloads_of
 
 from edgeinfer.bench.progress import BarProgress
 from edgeinfer.bench.report import print_sweep
@@ -49,7 +49,7 @@ def main() -> int:
             sys.exit(f"{arg!r}: give NAME=TREE, TREE a checkout with an edgeinfer/ package")
         trees[name] = Path(tree).resolve()
     workloads = workloads_of(args.workloads)
-    levels = [int(x) for x in args.concurrency.split(",")]
+    levels = levels_of(args.concurrency, args.parallel)
     model = str(resolve_model(args.model))
     common = server_flags(args.threads, ctx_size=args.ctx_size, parallel=args.parallel)
 

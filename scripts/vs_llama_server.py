@@ -93,6 +93,14 @@ def workloads_of(text: str) -> list[str]:
     return workloads
 
 
+def levels_of(text: str, parallel: int) -> list[int]:
+    """--concurrency, checked against the servers' slots."""
+    levels = [int(x) for x in text.split(",")]
+    if max(levels) > parallel:
+        sys.exit(f"--concurrency {max(levels)} is above --parallel {parallel}: requests would queue")
+    return levels
+
+
 def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -125,9 +133,7 @@ def main() -> int:
     if not os.access(binary, os.X_OK):
         sys.exit(f"{binary} is not an executable; build one with scripts/build_llama_server.sh")
     workloads = workloads_of(args.workloads)
-    levels = [int(x) for x in args.concurrency.split(",")]
-    if max(levels) > args.parallel:
-        sys.exit(f"--concurrency {max(levels)} is above --parallel {args.parallel}: requests would queue")
+    levels = levels_of(args.concurrency, args.parallel)
     model = resolve_model(args.model)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # so the servers are stopped on the way out
     common = server_flags(args.threads, args.ctx_size, args.parallel, args.batch_size, args.flash_attn)
