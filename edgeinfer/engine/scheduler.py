@@ -379,8 +379,10 @@ class Scheduler:
     def _resume(self, leader: Stream, prompt: list[int]) -> bool:
         """Start the leader in the kept sequence holding the longest prefix of its prompt, when the tiers hold no
         longer one, no running stream's prompt is worth copying instead and the running sequences stay as
-        consecutive as in any other. A kept prefix that cannot be resumed in place is saved to the tiers, for
-        the restore that follows."""
+        consecutive as in any other. That last rule waits while other requests wait to start: they take the
+        sequences in between (their own kept ones, or free ones by `_take_seq`), so a burst of returning
+        conversations resumes in place in any order of arrival. A kept prefix that cannot be resumed in place
+        is saved to the tiers, for the restore that follows."""
         seq, n = self._kept_index.longest(prompt)
         reuse = min(n, len(prompt) - 1)
         if seq < 0 or reuse < MIN_SHARE:
@@ -390,7 +392,7 @@ class Scheduler:
         if (
             n < self.kv.longest(prompt)[1]
             or _worth_copying(live, reuse)
-            or self._runs_with(seq) > min(self._runs_with(c) for c in self._candidates())
+            or (not self.waiting and self._runs_with(seq) > min(self._runs_with(c) for c in self._candidates()))
         ):
             self._save_kept(seq, kept)
             return False
