@@ -15,6 +15,7 @@ each warm run began (its first calls and the gaps between them, where a burst of
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -52,7 +53,11 @@ int32_t llama_batch_ext_add_token(void *b, int32_t s, int32_t t) {
 }
 int32_t llama_process(void *ctx, int type, void *b) {
   static int32_t (*f)(void *, int, void *);
-  if (!f) { f = dlsym(RTLD_NEXT, "llama_process"); out = fopen(getenv("DECODE_LOG"), "w"); setvbuf(out, NULL, _IOLBF, 0); }
+  if (!f) {
+    f = dlsym(RTLD_NEXT, "llama_process");
+    out = fopen(getenv("DECODE_LOG"), "w");
+    setvbuf(out, NULL, _IOLBF, 0);
+  }
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int32_t r = f(ctx, type, b);
@@ -108,7 +113,7 @@ def kind(call: Call, streams: int) -> str:
 def turns(calls: list[Call], pause: float) -> list[list[Call]]:
     """Split at pauses longer than `pause` seconds (the other server's turn)."""
     out: list[list[Call]] = [[]]
-    for prev, c in zip([None, *calls], calls, strict=False):
+    for prev, c in zip([None, *calls], calls, strict=True):
         if prev is not None and c[2] - prev[2] - prev[3] > pause:
             out.append([])
         out[-1].append(c)
@@ -116,23 +121,27 @@ def turns(calls: list[Call], pause: float) -> list[list[Call]]:
 
 
 def report(name: str, calls: list[Call], streams: int) -> None:
-    print(f"\n{name}: {len(calls)} calls, {sum(c[0] for c in calls)} tokens, {sum(c[3] for c in calls):.1f} s in llama.cpp")
+    in_llama = sum(c[3] for c in calls)
+    print(f"\n{name}: {len(calls)} calls, {sum(c[0] for c in calls)} tokens, {in_llama:.1f} s in llama.cpp")
     by: dict[str, list[float]] = defaultdict(list)
     for c in calls:
         by[kind(c, streams)].append(c[3])
-    for k, v in sorted(by.items()):
-        print(f"  {k:32s} {len(v):5d} calls, median {1e3 * statistics.median(v):7.1f} ms, in all {sum(v):6.1f} s")
-    gaps = [b[2] - a[2] - a[3] for a, b in zip(calls, calls[1:], strict=False)]
+    for what, v in sorted(by.items()):
+        print(f"  {what:32s} {len(v):5d} calls, median {1e3 * statistics.median(v):7.1f} ms, in all {sum(v):6.1f} s")
+    gaps = [b[2] - a[2] - a[3] for a, b in itertools.pairwise(calls)]
     inside = [g for g in gaps if g < 0.05]
     print(f"  between calls in a run: median {1e3 * statistics.median(inside):.1f} ms, in all {sum(inside):.2f} s")
     for t in turns(calls, 10.0):
-        line = f"{t[-1][2] + t[-1][3] - t[0][2]:.1f} s, {sum(c[3] for c in t):.1f} s in llama.cpp, {sum(c[0] for c in t)} tokens"
-        print(f"  turn: {line}")
-        # A turn is a cold run, then a warm run after the client's pause; how the warm run began.
-        k = max(range(1, len(t)), key=lambda i: t[i][2] - t[i - 1][2] - t[i - 1][3])
+        span = t[-1][2] + t[-1][3] - t[0][2]
+        print(f"  turn: {span:.1f} s, {sum(c[3] for c in t):.1f} s in llama.cpp, {sum(c[0] for c in t)} tokens")
+        # A turn is a cold run, then a warm run after the client's pause (the longest gap past the turn's first
+        # quarter: a cold run's own start can pause longer, while kept conversations are saved); how it began.
+        quarter = t[0][2] + (t[-1][2] - t[0][2]) / 4
+        later = [i for i in range(1, len(t)) if t[i][2] > quarter] or [1]
+        k = max(later, key=lambda i: t[i][2] - t[i - 1][2] - t[i - 1][3])
         head = t[k : k + 4]
         calls_s = "  ".join(f"{c[0]} tokens/{c[1]} runs {1e3 * c[3]:.0f} ms" for c in head)
-        gaps_s = " ".join(f"{1e3 * (b[2] - a[2] - a[3]):.0f}" for a, b in zip(head, head[1:], strict=False))
+        gaps_s = " ".join(f"{1e3 * (b[2] - a[2] - a[3]):.0f}" for a, b in itertools.pairwise(head))
         print(f"    warm run began: {calls_s}; gaps {gaps_s} ms")
 
 
@@ -173,14 +182,14 @@ def main() -> int:
             ],
         }
         with running_servers(commands, sockets, folder):
-            start = {name: len(load(log)) if log.exists() else 0 for name, log in logs.items()}
+            start: dict[str, int] = {name: len(load(log)) if log.exists() else 0 for name, log in logs.items()}
             bench = [sys.executable, "-m", "edgeinfer.cli", "bench", "--workload", args.workload]
             bench += ["--concurrency", str(args.concurrency), "--repeats", str(args.repeats)]
             for sock in sockets.values():
                 bench += ["--socket", str(sock)]
             subprocess.run(bench, check=True)
-            for name, log in logs.items():
-                report(name, load(log)[start[name] :], args.concurrency)
+            for server, log in logs.items():
+                report(server, load(log)[start[server] :], args.concurrency)
     return 0
 
 
