@@ -537,8 +537,8 @@ def test_a_kept_conversation_resumes_in_place_only_where_the_running_sequences_s
 def test_a_burst_of_returning_conversations_resumes_in_place_in_any_order_of_arrival():
     """Defect: each turn was judged alone against the streams already running, so in a burst of returning agents
     (edgeinfer bench --workload multi-agent, warm run at 16 streams) the second to arrive found its sequence apart
-    from the first and was saved to the tiers and restored elsewhere, evicting another kept conversation: 77 saves
-    and 43 restores for 5 resumes in place over three warm runs, 140-160 ms of the engine's time before a step."""
+    from the first and was saved to the tiers and restored elsewhere, evicting another kept conversation: of 48
+    warm requests 5 resumed in place and 43 were restored, 140-160 ms of the engine's time before a step."""
     s = keeping(streams=4)
     prompts = {k: [k] * 20 for k in (1, 2, 3, 4)}
     for k in (1, 2, 3, 4):
