@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from vs_llama_server import running_servers, server_flags
+from vs_llama_server import levels_of, running_servers, server_flags
 
 from edgeinfer.models.catalog import resolve_model
 
@@ -110,11 +110,16 @@ def kind(call: Call, streams: int) -> str:
     return "prompt chunk" if n > 8 * runs else "prompt or drafts with decoding"
 
 
+def gap(a: Call, b: Call) -> float:
+    """Seconds from the end of call a to the start of call b."""
+    return b[2] - a[2] - a[3]
+
+
 def turns(calls: list[Call], pause: float) -> list[list[Call]]:
     """Split at pauses longer than `pause` seconds (the other server's turn)."""
-    out: list[list[Call]] = [[]]
-    for prev, c in zip([None, *calls], calls, strict=True):
-        if prev is not None and c[2] - prev[2] - prev[3] > pause:
+    out: list[list[Call]] = [calls[:1]]
+    for prev, c in itertools.pairwise(calls):
+        if gap(prev, c) > pause:
             out.append([])
         out[-1].append(c)
     return [t for t in out if len(t) > 4]
@@ -128,7 +133,7 @@ def report(name: str, calls: list[Call], streams: int) -> None:
         by[kind(c, streams)].append(c[3])
     for what, v in sorted(by.items()):
         print(f"  {what:32s} {len(v):5d} calls, median {1e3 * statistics.median(v):7.1f} ms, in all {sum(v):6.1f} s")
-    gaps = [b[2] - a[2] - a[3] for a, b in itertools.pairwise(calls)]
+    gaps = [gap(a, b) for a, b in itertools.pairwise(calls)]
     inside = [g for g in gaps if g < 0.05]
     print(f"  between calls in a run: median {1e3 * statistics.median(inside):.1f} ms, in all {sum(inside):.2f} s")
     for t in turns(calls, 10.0):
@@ -138,10 +143,10 @@ def report(name: str, calls: list[Call], streams: int) -> None:
         # quarter: a cold run's own start can pause longer, while kept conversations are saved); how it began.
         quarter = t[0][2] + (t[-1][2] - t[0][2]) / 4
         later = [i for i in range(1, len(t)) if t[i][2] > quarter] or [1]
-        k = max(later, key=lambda i: t[i][2] - t[i - 1][2] - t[i - 1][3])
+        k = max(later, key=lambda i: gap(t[i - 1], t[i]))
         head = t[k : k + 4]
         calls_s = "  ".join(f"{c[0]} tokens/{c[1]} runs {1e3 * c[3]:.0f} ms" for c in head)
-        gaps_s = " ".join(f"{1e3 * (b[2] - a[2] - a[3]):.0f}" for a, b in itertools.pairwise(head))
+        gaps_s = " ".join(f"{1e3 * gap(a, b):.0f}" for a, b in itertools.pairwise(head))
         print(f"    warm run began: {calls_s}; gaps {gaps_s} ms")
 
 
@@ -159,8 +164,7 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("--ctx-size", type=int, default=32768)
     args = ap.parse_args()
-    if args.concurrency > args.parallel:
-        sys.exit(f"--concurrency {args.concurrency} is above --parallel {args.parallel}: requests would queue")
+    levels_of(str(args.concurrency), args.parallel)  # exits where requests would queue
     model = str(resolve_model(args.model))
     common = server_flags(args.threads, ctx_size=args.ctx_size, parallel=args.parallel)
 
