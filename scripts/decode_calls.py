@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from vs_llama_server import levels_of, running_servers, server_flags
+from vs_llama_server import levels_of, llama_server_command, running_servers, server_flags
 
 from edgeinfer.models.catalog import resolve_model
 
@@ -177,8 +177,8 @@ def main() -> int:
         sockets = {"llama-server": folder / "llama.sock", "edgeinfer": folder / "edgeinfer.sock"}
         commands = {
             "llama-server": [
-                *["env", f"DECODE_LOG={logs['llama-server']}", f"LD_PRELOAD={shim}", str(args.llama_server)],
-                *["--model", model, *common, "--no-webui", "--host", str(sockets["llama-server"])],
+                *["env", f"DECODE_LOG={logs['llama-server']}", f"LD_PRELOAD={shim}"],
+                *llama_server_command(args.llama_server, model, common, sockets["llama-server"]),
             ],
             "edgeinfer": [
                 *[sys.executable, __file__, "_serve", str(logs["edgeinfer"])],

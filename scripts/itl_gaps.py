@@ -23,9 +23,12 @@ from one_stream import pct, text_arrivals, workload_turn
 from edgeinfer.bench.workloads import WORKLOADS
 
 
-def gaps_of(http: httpx.Client, body: dict[str, object], name: str) -> list[float]:
-    """The gaps (ms) between the content chunks of one streamed answer."""
-    stamps = text_arrivals(http, "/v1/chat/completions", body, name)
+def gaps_of(socket: Path, body: dict[str, object]) -> list[float]:
+    """The gaps (ms) between the content chunks of one streamed answer, on a connection of its own: llama-server
+    closed a kept-alive connection as the next request went out on it (twice in an afternoon: "Server
+    disconnected without sending a response")."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://server", timeout=300) as h:
+        stamps = text_arrivals(h, "/v1/chat/completions", body, socket.name)
     return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
 
 
@@ -41,13 +44,12 @@ def main() -> int:
     body = workload_turn(args.workload, args.max_tokens)
     warm: list[float] = []
     lasts: list[float] = []
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(args.socket)), base_url="http://server", timeout=300) as h:
-        for i in range(args.repeats):
-            gaps = gaps_of(h, body, args.socket.name)
-            print(f"{'cold' if i == 0 else 'warm'}: " + " ".join(f"{g:.1f}" for g in gaps))
-            if i > 0 and gaps:
-                warm += gaps
-                lasts.append(gaps[-1])
+    for i in range(args.repeats):
+        gaps = gaps_of(args.socket, body)
+        print(f"{'cold' if i == 0 else 'warm'}: " + " ".join(f"{g:.1f}" for g in gaps))
+        if i > 0 and gaps:
+            warm += gaps
+            lasts.append(gaps[-1])
     if warm:
         p50 = pct(warm, 0.5)
         print(f"warm ITL p50 {p50:.1f} ms, p99 {pct(warm, 0.99):.1f} ms ({pct(warm, 0.99) / p50:.2f}x)")

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vs_llama_server import levels_of, running_servers, server_flags, workloads_of
+from vs_llama_server import levels_of, llama_server_command, running_servers, server_flags, workloads_of
 
 from edgeinfer.bench.progress import BarProgress
 from edgeinfer.bench.report import print_sweep
@@ -59,9 +59,8 @@ def main() -> int:
         sockets: dict[str, Path] = {}
         if args.llama_server is not None:
             sockets["llama-server"] = folder / "llama-server.sock"
-            binary = str(args.llama_server.expanduser().resolve())
-            commands["llama-server"] = [binary, "--model", model, *common, "--no-webui"]
-            commands["llama-server"] += ["--host", str(sockets["llama-server"])]
+            binary = args.llama_server.expanduser().resolve()
+            commands["llama-server"] = llama_server_command(binary, model, common, sockets["llama-server"])
         for name, tree in trees.items():
             sockets[name] = folder / f"{name}.sock"
             commands[name] = ["env", f"--chdir={tree}", sys.executable, "-m", "edgeinfer.cli", "serve"]

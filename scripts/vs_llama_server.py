@@ -85,6 +85,11 @@ def server_flags(
     return [*flags, "--flash-attn", flash_attn]
 
 
+def llama_server_command(binary: Path | str, model: Path | str, flags: list[str], socket: Path) -> list[str]:
+    """llama-server's command line in a comparison: the common flags, no web UI, listening on a Unix socket."""
+    return [str(binary), "--model", str(model), *flags, "--no-webui", "--host", str(socket)]
+
+
 def workloads_of(text: str) -> list[str]:
     """--workloads, checked against the bench's."""
     workloads = text.split(",")
@@ -144,10 +149,9 @@ def main() -> int:
         # --parallel); the better of the two is the bar.
         unified_sock, slots_sock = folder / "llama-unified.sock", folder / "llama-slots.sock"
         edge_sock = folder / "edgeinfer.sock"
-        base = [str(binary), "--model", str(model), *common, "--no-webui"]
         commands = {
-            "llama-server --kv-unified": [*base, "--host", str(unified_sock), "--kv-unified"],
-            "llama-server": [*base, "--host", str(slots_sock)],
+            "llama-server --kv-unified": [*llama_server_command(binary, model, common, unified_sock), "--kv-unified"],
+            "llama-server": llama_server_command(binary, model, common, slots_sock),
             "edgeinfer": [
                 *[sys.executable, "-m", "edgeinfer.cli", "serve", "--model", str(model), "--socket", str(edge_sock)],
                 *[*common, "--spec", args.spec],
