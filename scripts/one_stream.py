@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from vs_llama_server import running_servers
+from vs_llama_server import llama_server_command, running_servers, server_flags
 
 from edgeinfer.bench.workloads import MAX_TOKENS, messages
 from edgeinfer.llamacpp import Model
@@ -150,21 +150,21 @@ def main() -> int:
         return tokenizer.vocab.tokenize(text, add_special=False)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))
-    common = ["--threads", str(args.threads), "--threads-batch", str(args.threads), "--ctx-size", str(args.ctx_size)]
-    common += ["--parallel", str(args.parallel), "--batch-size", "512", "--ubatch-size", "512"]
-    common += ["--flash-attn", args.flash_attn]
+    common = server_flags(args.threads, args.ctx_size, args.parallel, flash_attn=args.flash_attn)
 
     with tempfile.TemporaryDirectory(prefix="edgeinfer-one-") as tmp:
         folder = Path(tmp)
-        base = [str(binary), "--model", str(model), *common, "--no-webui"]
         edge = [sys.executable, "-m", "edgeinfer.cli", "serve", "--model", str(model), *common]
         sockets = {
             name: folder / f"{name.replace(' ', '_')}.sock"
             for name in ("llama-server --kv-unified", "llama-server", "edgeinfer", "edgeinfer --spec off")
         }
         commands = {
-            "llama-server --kv-unified": [*base, "--host", str(sockets["llama-server --kv-unified"]), "--kv-unified"],
-            "llama-server": [*base, "--host", str(sockets["llama-server"])],
+            "llama-server --kv-unified": [
+                *llama_server_command(binary, model, common, sockets["llama-server --kv-unified"]),
+                "--kv-unified",
+            ],
+            "llama-server": llama_server_command(binary, model, common, sockets["llama-server"]),
             "edgeinfer": [*edge, "--socket", str(sockets["edgeinfer"]), *args.edgeinfer_args.split()],
             # Its default speculation (auto) beside none, which is what llama-server does by default.
             "edgeinfer --spec off": [*edge, "--socket", str(sockets["edgeinfer --spec off"]), "--spec", "off"],
