@@ -56,8 +56,11 @@ def wait_healthy(sock: Path, proc: subprocess.Popen[bytes], log: Path, name: str
 
 
 @contextmanager
-def running_servers(commands: dict[str, list[str]], sockets: dict[str, Path], folder: Path) -> Iterator[None]:
-    """Start each server (its output logged in folder), wait until each is healthy; stop them all on the way out."""
+def running_servers(
+    commands: dict[str, list[str]], sockets: dict[str, Path], folder: Path
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start each server (its output logged in folder), wait until each is healthy; stop them all on the way out.
+    Yields their processes, in the order of commands."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for name, cmd in commands.items():
@@ -65,7 +68,7 @@ def running_servers(commands: dict[str, list[str]], sockets: dict[str, Path], fo
             with log.open("wb") as out:
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
             wait_healthy(sockets[name], procs[-1], log, name)
-        yield
+        yield procs
     finally:
         for p in procs:
             p.terminate()
