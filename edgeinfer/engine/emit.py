@@ -115,6 +115,10 @@ class Outbox:
         else:
             self._pending.setdefault(handle.loop, []).append((handle.queue, event))
 
+    def __bool__(self) -> bool:
+        """Whether events are held for a flush."""
+        return bool(self._pending)
+
     def flush(self) -> list[asyncio.AbstractEventLoop]:
         """Hand the step's events to each loop in one call; returns the loops that are gone (nobody listens)."""
         pending, self._pending = self._pending, {}

@@ -406,28 +406,40 @@ class Engine:
 
     # --- the engine thread ------------------------------------------------
 
+    # When a step's events go to the asyncio loops: the loop's thread wakes at once and needs the GIL for its
+    # part (rendering, the socket write). Handed out while this thread still runs Python (planning the next
+    # step), the loop's thread waits for the GIL, takes it at this thread's next ctypes call, and this thread
+    # then waits for it back. So events go out just before the GIL is let go for a while: the next
+    # llama_decode, or idling; and before slow work (saving ended streams, work between steps).
+
     def _flush(self) -> None:
         """Hand the step's events to each asyncio loop in one wake-up; cancel streams whose loop is gone."""
         gone = self.emitter.outbox.flush()
         if gone:
             with self.lock:
-                for s in self.streams.values():
-                    if s.handle.loop in gone:
-                        self.sched.cancel(s)
+                self._cancel_gone(gone)
+
+    def _cancel_gone(self, gone: list[asyncio.AbstractEventLoop]) -> None:
+        for s in self.streams.values():
+            if s.handle.loop in gone:
+                self.sched.cancel(s)
 
     def _run(self) -> None:
         try:
             while self._wait_for_work():
-                for work in list(self._between):  # a copy: callers add and remove work meanwhile
-                    work.run_pending()
+                if any(w.pending() for w in self._between):
+                    self._flush()
+                    for work in list(self._between):  # a copy: callers add and remove work meanwhile
+                        work.run_pending()
                 self._iterate()
         except BaseException as e:
             faults.die(self, e)
 
     def _wait_for_work(self) -> bool:
-        """Hand out the last step's events, then save what the streams it ended leave in the KV cache; wait for
-        streams or work between steps; False once closed."""
-        self._flush()
+        """Save what the streams the last step ended leave in the KV cache (their events out first); wait for
+        streams or work between steps (the events out first); False once closed."""
+        if self.sched.has_ended():
+            self._flush()
         try:
             with self.lock:
                 self.sched.retire_ended()
@@ -435,6 +447,9 @@ class Engine:
             faults.fail_all(self, e)
         with self.lock:
             while not self.sched.has_work() and not self._closing and not any(w.pending() for w in self._between):
+                if self.emitter.outbox:
+                    self._cancel_gone(self.emitter.outbox.flush())
+                    continue  # cancelling changed the work
                 self._wake.wait()
             if self._closing and not self.sched.has_work():
                 for work in self._between:
@@ -491,6 +506,7 @@ class Engine:
         tuner = self.thread_tuner
         if tuner is not None and (threads := tuner.threads()) != self.ctx.threads:
             self.ctx.set_threads(threads)
+        self._flush()  # the last step's events, as the GIL is let go
         t0 = time.perf_counter()
         self.metrics.decoding_since = t0
         try:

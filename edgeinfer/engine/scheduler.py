@@ -240,6 +240,10 @@ class Scheduler:
                 ended.append(s)
         return ended
 
+    def has_ended(self) -> bool:
+        """Whether streams ended by the last post-processing still hold their sequences (retire_ended's work)."""
+        return bool(self._ended)
+
     def retire_ended(self) -> None:
         """Save and free the sequences of the streams the last post-processing ended (their callers have their
         last tokens by now: the copy to the tiers, 13 ms for 1k tokens of SmolLM2, no longer delays them)."""
