@@ -35,11 +35,12 @@ class ScriptedHandle:
         self.finish: Finish | None = None
         self.cancelled = False
 
-    async def __aiter__(self) -> AsyncIterator[Chunk | Finish]:
+    async def batches(self) -> AsyncIterator[list[Chunk | Finish]]:
+        """Its events in the groups the engine hands them over in: the words of a step each, then the Finish."""
         for ev in self.events:
-            yield ev
+            yield [ev]
         self.finish = self.last
-        yield self.last
+        yield [self.last]
 
     def cancel(self) -> None:
         self.cancelled = True

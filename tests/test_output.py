@@ -12,10 +12,12 @@ from edgeinfer.events import Chunk, Finish, StreamStats, TokenLogprob
 from edgeinfer.formats.hermes import Hermes
 from edgeinfer.formats.reasoning import Thinking
 from edgeinfer.prepare import PLAIN, AnswerShape
+from edgeinfer.server import sse as sse_module
 from edgeinfer.server.messages import MessagesDialect
 from edgeinfer.server.openai_chat import ChatDialect, CompletionDialect
 from edgeinfer.server.output import ChoiceOutput, Done, TextDelta, ToolCall, ToolCallDelta, whole
 from edgeinfer.server.responses_render import ResponsesDialect
+from edgeinfer.server.sse import EventStream, encode
 from edgeinfer.server.state import ServerState
 from edgeinfer.server.streaming import _sse, respond
 
@@ -146,26 +148,54 @@ def test_the_text_stream_says_which_stop_string_matched():
 
 
 class FakeHandle:
-    def __init__(self, events):
+    """A stream's events, each in a group of its own unless `groups` says how many go in each."""
+
+    finish = None
+
+    def __init__(self, events, groups=None):
         self.events = events
+        self.groups = groups or [1] * len(events)
         self.cancelled = False
 
-    def __aiter__(self):
-        return self._gen()
-
-    async def _gen(self):
-        for ev in self.events:
-            yield ev
+    async def batches(self):
+        at = 0
+        for n in self.groups:
+            group = self.events[at : at + n]
+            at += n
+            if isinstance(group[-1], Finish):
+                self.finish = group[-1]
+            yield group
 
     def cancel(self):
         self.cancelled = True
 
 
-def sse(dialect, handles, shape):
+def sse_chunks(dialect, handles, shape):
+    """What _sse writes to the socket, chunk by chunk."""
+
     async def run():
-        return [item async for item in _sse(handles, dialect, shape, ServerState(lambda: None, "m", None))]
+        return [chunk async for chunk in _sse(handles, dialect, shape, ServerState(lambda: None, "m", None))]
 
     return asyncio.run(run())
+
+
+def parse_sse(text):
+    """SSE text back into its events, as a client reads them: {"event": name, "data": text}, "event" when named."""
+    events = []
+    for block in text.split("\n\n")[:-1]:
+        item, data = {}, []
+        for line in block.split("\n"):
+            field, _, value = line.partition(": ")
+            if field == "event":
+                item["event"] = value
+            elif field == "data":
+                data.append(value)
+        events.append({**item, "data": "\n".join(data)})
+    return events
+
+
+def sse(dialect, handles, shape):
+    return parse_sse(b"".join(sse_chunks(dialect, handles, shape)).decode())
 
 
 def test_chat_stream_shape():
@@ -219,18 +249,6 @@ def test_only_the_arguments_key_streams_for_hermes():
     assert deltas == [] and (call.name, call.arguments) == ("f", "{}")
 
 
-class FinishingHandle(FakeHandle):
-    """A stream whose events a whole answer collects: it keeps its Finish, as StreamHandle does."""
-
-    finish = None
-
-    async def _gen(self):
-        for ev in self.events:
-            if isinstance(ev, Finish):
-                self.finish = ev
-            yield ev
-
-
 class Connected:
     async def is_disconnected(self):
         return False
@@ -243,9 +261,9 @@ PIECES = ["<think>", "Rain is ", "likely.", "</think>", "Let me look. ", "<tool_
 def both(make, shape=THINKING, pieces=PIECES):
     """The same engine events answered streamed (SSE data, parsed) and whole (the JSON body)."""
     events = [chunk(p) for p in pieces] + [finish("".join(pieces))]
-    streamed = [json.loads(i["data"]) for i in sse(make(), [FinishingHandle(events)], shape) if i["data"] != "[DONE]"]
+    streamed = [json.loads(i["data"]) for i in sse(make(), [FakeHandle(events)], shape) if i["data"] != "[DONE]"]
     state = ServerState(lambda: None, "m", None)
-    body = asyncio.run(respond(Connected(), state, [FinishingHandle(events)], make(), False, shape))
+    body = asyncio.run(respond(Connected(), state, [FakeHandle(events)], make(), False, shape))
     return streamed, body
 
 
@@ -307,7 +325,7 @@ def test_a_call_cut_by_max_tokens_is_the_same_call_whole_and_streamed(make):
     cut = ["<tool_call>\n{", '"name": "get_weather", ', '"arguments": {"city": "Os']
     events = [chunk(p) for p in cut] + [finish("".join(cut), "length")]
     state = ServerState(lambda: None, "m", None)
-    body = asyncio.run(respond(Connected(), state, [FinishingHandle(events)], make(), False, TOOLS))
+    body = asyncio.run(respond(Connected(), state, [FakeHandle(events)], make(), False, TOOLS))
     text = json.dumps(body)
     assert "get_weather" in text and "<tool_call>" not in text  # a call, as streamed, never its raw text
     if "content" in body and isinstance(body["content"], list):  # Messages: the input as far as written
@@ -317,3 +335,80 @@ def test_a_call_cut_by_max_tokens_is_the_same_call_whole_and_streamed(make):
     else:
         assert body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Os'
         assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_events_that_came_together_go_out_in_one_write():
+    """A step's tokens reach the stream together (speculation's accepted drafts): one chunk to the socket, not
+    one a token; the Finish and the usage after it are one more each."""
+    events = [chunk("a"), chunk("b"), chunk("c"), finish("abc")]
+    written = sse_chunks(ChatDialect("m", False, include_usage=True), [FakeHandle(events, [3, 1])], PLAIN)
+    per_write = [parse_sse(w.decode()) for w in written]
+    assert [len(items) for items in per_write] == [1, 3, 1, 2]  # role; the three tokens; the end; usage, [DONE]
+    texts = [json.loads(item["data"])["choices"][0]["delta"]["content"] for item in per_write[1]]
+    assert texts == ["a", "b", "c"] and per_write[-1][-1] == {"data": "[DONE]"}
+
+
+def test_sse_encoding_names_events_and_splits_lines():
+    assert encode([{"data": "[DONE]"}]) == b"data: [DONE]\n\n"
+    two = encode([{"event": "message_stop", "data": '{"a": 1}'}, {"data": "one\ntwo"}])
+    assert two == b'event: message_stop\ndata: {"a": 1}\n\ndata: one\ndata: two\n\n'
+    assert parse_sse(two.decode())[1] == {"data": "one\ntwo"}
+
+
+def asgi_run(response, client_leaves_after=None, stuck_at=None, then=lambda: None):
+    """Run an ASGI response against a client that reads everything (a write that blocks forever from the
+    `stuck_at`th on: a full socket), and leaves after client_leaves_after seconds if told; returns what was
+    sent, and what then() says as the response returns (before asyncio.run closes what is left)."""
+    sent = []
+
+    async def receive():
+        if client_leaves_after is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(client_leaves_after)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if stuck_at is not None and len(sent) >= stuck_at:
+            await asyncio.Event().wait()
+        sent.append(message)
+
+    async def main():
+        scope = {"type": "http", "method": "POST", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+        await response(scope, receive, send)
+        return then()
+
+    return sent, asyncio.run(main())
+
+
+def test_an_event_stream_pings_while_nothing_comes(monkeypatch):
+    """A long prompt sends nothing for a while: a comment every PING_S keeps a client's read timeout away."""
+    monkeypatch.setattr(sse_module, "PING_S", 0.02)
+
+    async def slow():
+        yield b"data: 1\n\n"
+        await asyncio.sleep(0.15)
+        yield b"data: 2\n\n"
+
+    sent, _ = asgi_run(EventStream(slow()))
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert bodies[0] == b"data: 1\n\n" and bodies[-2:] == [b"data: 2\n\n", b""]
+    assert set(bodies[1:-2]) == {sse_module.PING} and len(bodies[1:-2]) >= 3
+    assert dict(sent[0]["headers"])[b"content-type"].startswith(b"text/event-stream")
+
+
+def test_a_client_leaving_mid_write_closes_the_stream_at_once():
+    """The client goes while a write is stuck (the generator waits at its yield): the generator's cleanup
+    (cancelling the engine's streams) runs as the response ends, not at garbage collection."""
+    cleaned = []
+
+    async def tokens():
+        try:
+            while True:
+                yield b"data: x\n\n"
+        finally:
+            cleaned.append(True)
+
+    sent, cleaned_by_then = asgi_run(
+        EventStream(tokens()), client_leaves_after=0.05, stuck_at=2, then=lambda: list(cleaned)
+    )
+    assert cleaned_by_then == [True] and [m.get("body") for m in sent] == [None, b"data: x\n\n"]

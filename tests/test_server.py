@@ -667,9 +667,10 @@ def test_bench_any_openai_endpoint_by_url(tmp_path):
 
 
 def test_a_server_stopped_in_this_process_leaves_the_next_ones_streams_alone(tmp_path, model_path):
-    """Defect: sse-starlette notes every uvicorn shutdown in one process-wide flag that nothing resets, so
-    after one in-process server stopped (`serve --dashboard` quit, a test's server), every stats stream of
-    the next server ended after its first snapshot, and its chat streams were cut at the grace's end."""
+    """Defect: sse-starlette (our SSE responses' library then) noted every uvicorn shutdown in one process-wide
+    flag that nothing reset, so after one in-process server stopped (`serve --dashboard` quit, a test's server),
+    every stats stream of the next server ended after its first snapshot, and its chat streams were cut at the
+    grace's end."""
     from edgeinfer.options import EngineConfig
     from edgeinfer.server.app import make_server
     from edgeinfer.server.listen import serve

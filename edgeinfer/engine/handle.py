@@ -45,6 +45,16 @@ class StreamHandle:
                 self.finish = event
             yield event
 
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The events as they come, in the groups they arrive in (one step's tokens together), the Finish last."""
+        while self.finish is None:
+            events = [await self.queue.get()]
+            while not self.queue.empty():
+                events.append(self.queue.get_nowait())
+            if isinstance(events[-1], Finish):
+                self.finish = events[-1]
+            yield events
+
     def result(self) -> Finish:
         """Wait for the end of the stream (sync handles); chunks not yet read are dropped."""
         if self.finish is None:

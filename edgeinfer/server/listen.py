@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from sse_starlette.sse import AppStatus
 
 from edgeinfer.errors import ConfigError, EngineFailedError
 from edgeinfer.server.streaming import CUT_MARGIN_S
@@ -105,12 +104,8 @@ def serve(
     """
     state = app.state.edgeinfer
     state.grace_s = grace_s
-    # sse-starlette ends every SSE stream of the process once any uvicorn server in it begins to shut
-    # down, through a process-wide flag that nothing resets: a server stopped earlier in this process
-    # (the dashboard quit, a test's server) cut each later server's stats streams at once and its chat
-    # streams at the grace's end. edgeinfer's streams end by their own server's shutdown instead
-    # (state.shutdown_at, read by the routes), and uvicorn's graceful timeout cancels what is left.
-    AppStatus.enable_automatic_graceful_drain = False
+    # The streams end by this server's own shutdown (state.shutdown_at, read by the routes), and
+    # uvicorn's graceful timeout cancels what is left.
     sockets = []
     remove = None
     if socket_path is not None:

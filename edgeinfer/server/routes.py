@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sse_starlette import EventSourceResponse
 
 from edgeinfer.errors import EdgeInferError, EngineClosedError, RequestError
 from edgeinfer.server.api import Api
+from edgeinfer.server.sse import EventStream, encode
 from edgeinfer.server.state import ServerState, authorized, server_state
 
 router = APIRouter()
@@ -56,16 +56,16 @@ async def stats(request: Request, model: str | None = None) -> dict[str, Any]:
 
 
 @guarded.get("/v1/edgeinfer/stats/stream")
-async def stats_stream(request: Request, interval: float = 1.0, model: str | None = None) -> EventSourceResponse:
+async def stats_stream(request: Request, interval: float = 1.0, model: str | None = None) -> EventStream:
     state = server_state(request)
     first = _stats(state, model)
     if not 0.05 <= interval <= 60:
         raise RequestError("interval must be between 0.05 and 60 seconds", "interval")
 
-    async def feed() -> AsyncIterator[dict[str, str]]:
+    async def feed() -> AsyncGenerator[bytes, None]:
         snap = first
         while True:
-            yield {"data": json.dumps(snap)}
+            yield encode([{"data": json.dumps(snap)}])
             if not await state.sleep_unless_shutting_down(interval):
                 return  # the server is stopping: a dashboard reconnects, or says it is gone
             try:
@@ -73,7 +73,7 @@ async def stats_stream(request: Request, interval: float = 1.0, model: str | Non
             except EdgeInferError:  # the model was unloaded: the stream ends; reconnecting says why (a 503)
                 return
 
-    return EventSourceResponse(feed())
+    return EventStream(feed())
 
 
 def _stats(state: ServerState, model: str | None) -> dict[str, Any]:

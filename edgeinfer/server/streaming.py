@@ -9,24 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
 
 from edgeinfer.engine import Engine, StreamHandle
 from edgeinfer.events import Chunk, Finish
 from edgeinfer.options import SamplingParams
 from edgeinfer.prepare import AnswerShape
 from edgeinfer.server.output import ChoiceOutput, Done, Event, whole
+from edgeinfer.server.sse import EventStream, SSEItem, encode
 from edgeinfer.server.state import ServerState
 
 POLL_S = 0.2  # how often a waiting request looks for its client leaving or the grace running out
 CUT_MARGIN_S = 5.0  # after the grace, time for cancelled streams to send their end before the hard cut
-
-SSEItem = dict[str, str]  # one server-sent event for sse-starlette: {"event": name, "data": text}; "event" optional
 
 
 class Dialect(Protocol):
@@ -88,12 +86,9 @@ async def respond(
 
     shape: how to read the text (the format of its tool calls, when the request offered tools)."""
     if stream:
-        return EventSourceResponse(
-            _sse(handles, dialect, shape, state),
-            ping=15,
-            # _sse ends the stream cleanly when the grace runs out; uvicorn's graceful timeout,
-            # CUT_MARGIN_S later, is the backstop should the engine not answer (listen.serve).
-        )
+        # _sse ends the stream cleanly when the grace runs out; uvicorn's graceful timeout,
+        # CUT_MARGIN_S later, is the backstop should the engine not answer (listen.serve).
+        return EventStream(_sse(handles, dialect, shape, state))
     results = asyncio.ensure_future(asyncio.gather(*(_collect(h) for h in handles)))
     try:
         while not results.done():
@@ -121,7 +116,7 @@ async def respond(
 
 async def _collect(handle: StreamHandle) -> tuple[list[Chunk], Finish]:
     """One stream's Chunks, once it has ended, and its Finish."""
-    chunks = [ev async for ev in handle if isinstance(ev, Chunk)]
+    chunks = [ev async for events in handle.batches() for ev in events if isinstance(ev, Chunk)]
     assert handle.finish is not None
     return chunks, handle.finish
 
@@ -136,25 +131,25 @@ def _cancel(handles: list[StreamHandle], results: asyncio.Future[Any]) -> None:
     results.cancel()
 
 
-async def _events(handles: list[StreamHandle]) -> AsyncIterator[Chunk | Finish]:
-    """The events of n streams as they come, ending after the last Finish."""
+async def _events(handles: list[StreamHandle]) -> AsyncIterator[list[Chunk | Finish]]:
+    """The events of n streams in the groups they come in, ending after the last Finish."""
     if len(handles) == 1:
-        async for ev in handles[0]:
-            yield ev
+        async for events in handles[0].batches():
+            yield events
         return
-    queue: asyncio.Queue[Chunk | Finish] = asyncio.Queue()
+    queue: asyncio.Queue[list[Chunk | Finish]] = asyncio.Queue()
 
     async def pump(h: StreamHandle) -> None:
-        async for ev in h:
-            queue.put_nowait(ev)
+        async for events in h.batches():
+            queue.put_nowait(events)
 
     tasks = [asyncio.create_task(pump(h)) for h in handles]
     try:
         left = len(handles)
         while left:
-            ev = await queue.get()
-            left -= isinstance(ev, Finish)
-            yield ev
+            events = await queue.get()
+            left -= isinstance(events[-1], Finish)
+            yield events
     finally:
         for t in tasks:
             t.cancel()
@@ -162,7 +157,7 @@ async def _events(handles: list[StreamHandle]) -> AsyncIterator[Chunk | Finish]:
 
 async def _cut_at_grace(handles: list[StreamHandle], state: ServerState, cut: list[bool]) -> None:
     """Once shutting down, cancel the streams when the grace runs out, so that _sse still sends
-    their end and an error before sse-starlette force-closes the response."""
+    their end and an error before uvicorn's graceful timeout cuts the connection."""
     while True:
         left = state.grace_left()
         if left is not None and left <= 0:
@@ -175,33 +170,38 @@ async def _cut_at_grace(handles: list[StreamHandle], state: ServerState, cut: li
 
 async def _sse(
     handles: list[StreamHandle], dialect: Dialect, shape: AnswerShape, state: ServerState
-) -> AsyncIterator[SSEItem]:
-    """Merge the n streams' events into one SSE stream; a disconnect cancels every stream."""
+) -> AsyncGenerator[bytes, None]:
+    """Merge the n streams' events into one SSE stream, a chunk for each group of events that came together
+    (one write to the socket, not one a token); a disconnect cancels every stream."""
     outputs = [ChoiceOutput(shape) for _ in handles]
     done: list[Done] = []
     cut: list[bool] = []
     watcher = asyncio.create_task(_cut_at_grace(handles, state, cut))
     try:
-        for item in dialect.start(len(handles)):
-            yield item
-        async for ev in _events(handles):
-            if isinstance(ev, Chunk):
-                events = outputs[ev.index].feed(ev)
-            else:
-                if ev.finish_reason == "error":
-                    yield dialect.error_event(ev.error or "generation failed", "server_error")
-                elif ev.finish_reason == "cancelled" and cut:
-                    yield dialect.error_event(shutting_down("stream", state.grace_s), "shutting_down")
-                events = outputs[ev.index].end(ev)
-            for out in events:
-                if isinstance(out, Done):
-                    done.append(out)
-                for item in dialect.on(out):
-                    yield item
-        for item in dialect.end(sorted(done, key=lambda d: d.index)):
-            yield item
+        if start := dialect.start(len(handles)):
+            yield encode(start)
+        async for group in _events(handles):
+            items: list[SSEItem] = []
+            for ev in group:
+                if isinstance(ev, Chunk):
+                    events = outputs[ev.index].feed(ev)
+                else:
+                    if ev.finish_reason == "error":
+                        items.append(dialect.error_event(ev.error or "generation failed", "server_error"))
+                    elif ev.finish_reason == "cancelled" and cut:
+                        items.append(dialect.error_event(shutting_down("stream", state.grace_s), "shutting_down"))
+                    events = outputs[ev.index].end(ev)
+                for out in events:
+                    if isinstance(out, Done):
+                        done.append(out)
+                    items += dialect.on(out)
+            if items:
+                yield encode(items)
+        items = dialect.end(sorted(done, key=lambda d: d.index))
         if dialect.terminal is not None:
-            yield {"data": dialect.terminal}
+            items.append({"data": dialect.terminal})
+        if items:
+            yield encode(items)
     finally:
         watcher.cancel()
         for h in handles:
