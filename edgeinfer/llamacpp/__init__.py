@@ -8,7 +8,7 @@ import os
 # thread has its own. Once a process holds more of libgomp's threads than it has cores (two engines that have
 # both decoded: several models served, a benchmark's bare loop beside an engine), libgomp spins only 100 times
 # before a thread sleeps at a barrier, instead of 300,000, and every step of every engine slows: two engines
-# on 2 cores decoded 51-60 tok/s against 87-105 alone (scripts/two_engines.py). OMP_WAIT_POLICY=ACTIVE raises
+# on 2 cores decoded 54-72 tok/s against 107-110 alone (scripts/two_engines.py). OMP_WAIT_POLICY=ACTIVE raises
 # that to 1,000; GOMP_SPINCOUNT keeps the spinning at libgomp's default otherwise (about 3 ms, then a thread
 # sleeps: an idle server still uses no CPU). libgomp reads both as it loads, with the CPU backend, later than
 # this. Whoever set OMP_WAIT_POLICY keeps theirs.
