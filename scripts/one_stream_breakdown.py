@@ -45,6 +45,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# The bare loops run on this thread and each engine on its own: three OpenMP teams on a small machine, where
+# libgomp's defaults throttle every team's spinning and slow them all (docs/benchmarks.md, run H). ACTIVE with
+# libgomp's default spin count keeps them spinning as one team would; set before llama.cpp loads libgomp.
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "300000")
+
 from one_stream import pct, prompt_ids
 
 from edgeinfer.bench.rawloop import run_raw

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -168,29 +166,3 @@ def test_the_dashboard_says_when_other_work_holds_cores():
     assert text(threads=1, threads_max=2, threads_fitted=True) == "threads 1 of 2 (other work holds the rest)"
     assert text(threads=2, threads_max=2, threads_fitted=True) == "threads 2"
     assert text(threads=3, threads_max=3, threads_fitted=False) == "threads 3"
-
-
-def omp_settings(**env: str) -> str:
-    """What libgomp itself read, in a fresh process that loads llama.cpp's CPU backend as edgeinfer does."""
-    code = (
-        "import ctypes, edgeinfer.llamacpp.core as core\n"
-        "core.init_backend()\n"
-        "assert 'libgomp' in open('/proc/self/maps').read(), 'the CPU backend loaded no libgomp'\n"
-        "ctypes.CDLL('libgomp.so.1').omp_display_env(1)\n"
-    )
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    done = subprocess.run([sys.executable, "-c", code], env=base | env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stderr
-
-
-def test_llama_cpps_threads_keep_spinning_beside_another_engine():
-    """Defect: with two engines in one process (several models served), each engine's thread has a team of
-    libgomp's threads, and once both had decoded, libgomp spun 100 times instead of 300,000 before a thread
-    slept at a barrier: each engine decoded 54-72 tok/s against 107-110 alone (scripts/two_engines.py).
-    edgeinfer now has libgomp load with OMP_WAIT_POLICY=ACTIVE (1,000 spins then) and its default spin count."""
-    shown = omp_settings()
-    assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown and "GOMP_SPINCOUNT = '300000'" in shown
-    # Whoever set the policy keeps theirs, and libgomp's spin count for it.
-    shown = omp_settings(OMP_WAIT_POLICY="PASSIVE")
-    assert "OMP_WAIT_POLICY = 'PASSIVE'" in shown and "GOMP_SPINCOUNT = '0'" in shown
