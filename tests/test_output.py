@@ -355,11 +355,12 @@ def test_sse_encoding_names_events_and_splits_lines():
     assert parse_sse(two.decode())[1] == {"data": "one\ntwo"}
 
 
-def asgi_run(response, client_leaves_after=None, stuck_at=None, then=lambda: None):
+def asgi_run(response, client_leaves_after=None, stuck_at=None, then=lambda: None, sent=None):
     """Run an ASGI response against a client that reads everything (a write that blocks forever from the
     `stuck_at`th on: a full socket), and leaves after client_leaves_after seconds if told; returns what was
-    sent, and what then() says as the response returns (before asyncio.run closes what is left)."""
-    sent = []
+    sent (into `sent` as it comes, when given), and what then() says as the response returns (before
+    asyncio.run closes what is left)."""
+    sent = [] if sent is None else sent
 
     async def receive():
         if client_leaves_after is None:
@@ -383,13 +384,18 @@ def asgi_run(response, client_leaves_after=None, stuck_at=None, then=lambda: Non
 def test_an_event_stream_pings_while_nothing_comes(monkeypatch):
     """A long prompt sends nothing for a while: a comment every PING_S keeps a client's read timeout away."""
     monkeypatch.setattr(sse_module, "PING_S", 0.02)
+    sent = []
 
     async def slow():
+        # Silent until three pings went out (however slowly a busy machine runs the timers); at most 10 s.
         yield b"data: 1\n\n"
-        await asyncio.sleep(0.15)
+        for _ in range(1000):
+            if sum(m.get("body") == sse_module.PING for m in sent) >= 3:
+                break
+            await asyncio.sleep(0.01)
         yield b"data: 2\n\n"
 
-    sent, _ = asgi_run(EventStream(slow()))
+    asgi_run(EventStream(slow()), sent=sent)
     bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
     assert bodies[0] == b"data: 1\n\n" and bodies[-2:] == [b"data: 2\n\n", b""]
     assert set(bodies[1:-2]) == {sse_module.PING} and len(bodies[1:-2]) >= 3
