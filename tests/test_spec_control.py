@@ -292,8 +292,30 @@ def test_a_drafted_step_estimated_past_the_cap_is_measured_again():
     for _ in range(12):
         ctl.target.observe(2, 0.036, drafts=1)  # the cost did rise
     assert ctl.target.estimate(2, base=1) / 0.012 > LATENCY_CAP
-    plans = [ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, False) for _ in range(8)]
-    assert plans.count({1: 1}) == 2 and plans.count({1: 0}) == 6  # one step in four explores
+    plans = [ctl.plan([Candidate(1, alpha=0.99, available=8)], 1, 1, False) for _ in range(16)]
+    assert plans.count({1: 1}) == 2 and plans.count({1: 0}) == 14  # steps 4 and 12 explore (the gap doubles)
+
+
+def test_exploring_backs_off_while_the_costs_refuse_and_starts_over_when_they_choose():
+    """At one stream on a 2-core CPU a 2-token step costs 1.7-1.9 plain ones and drafting does not pay; an
+    exploring draft every 32 steps was 1.6% of a chat's gaps between tokens and set their p99. While the costs
+    keep refusing, each exploring step comes twice as late as the one before (up to explore_max); once the
+    costs choose drafts again, the next refusal explores explore_every steps later."""
+    ctl = Controller(max_draft=8, explore_every=4, explore_max=16)
+    for _ in range(5):
+        ctl.target.observe(1, 0.010)
+    for _ in range(5):
+        ctl.target.observe(2, 0.019, drafts=1)  # 1.9 plain steps: past the cap, never chosen
+    likely = [Candidate(1, alpha=0.99, available=8)]
+    explored = [i for i in range(1, 61) if ctl.plan(likely, 1, 1, False) == {1: 1} and ctl.explored]
+    assert explored == [4, 12, 28, 44, 60]  # gaps 8, 16, then held at explore_max
+    for _ in range(20):
+        ctl.target.observe(2, 0.011, drafts=1)  # the machine changed: a drafted step costs little now
+    assert sum(ctl.plan(likely, 1, 1, False)[1] for _ in range(3)) > 3 and not ctl.explored  # the costs choose
+    for _ in range(40):
+        ctl.target.observe(2, 0.030, drafts=1)  # and dear again
+    steps = [i for i in range(1, 9) if ctl.plan(likely, 1, 1, False) == {1: 1} and ctl.explored]
+    assert steps == [4]  # explore_every after the last chosen plan, not explore_max
 
 
 def test_an_exploring_draft_is_not_held_against_the_drafts_the_costs_choose():
@@ -303,7 +325,7 @@ def test_an_exploring_draft_is_not_held_against_the_drafts_the_costs_choose():
     text = list(range(100, 140))
     s = FakeStream(1, [1, 2, *text, 3, 4, *text[:12]])
     spec.attach(s)
-    spec.controller.explore_every = 1  # every step the costs refuse drafts explores
+    spec.controller = Controller(spec.max_draft, explore_every=1)  # the costs' first refusal explores
     spec.controller.target.observe(1, 0.0128)
     spec.controller.target.observe(2, 0.040)  # two tokens cost three plain steps: past the cap
     assert spec.propose([s], 512) == {1: text[12:13]}  # an exploring draft
