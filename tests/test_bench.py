@@ -16,7 +16,7 @@ from edgeinfer.bench.command import kv_cells_needed
 from edgeinfer.bench.knee import Knee
 from edgeinfer.bench.plot import plot_sweep
 from edgeinfer.bench.report import build_report, print_sweep
-from edgeinfer.bench.results import RunResult, StreamResult
+from edgeinfer.bench.results import RunResult, StreamResult, best
 from edgeinfer.bench.sweep import Level, Side, Sweep
 from edgeinfer.bench.targets import Target
 from edgeinfer.bench.tune import Trial, choose, tune
@@ -65,6 +65,19 @@ def test_run_percentiles_rates_and_acceptance():
     assert run.prefill_tps == pytest.approx(3000 / 1.0)
     assert run.acceptance == pytest.approx(sum(i % 5 for i in range(100)) / 400)
     assert RunResult([stream(0.1, 0.01, 4)], 0.0, 0.2).acceptance is None  # nothing drafted: unknown
+
+
+def test_the_best_of_the_repeats_keeps_its_figures_and_every_repeats_gaps():
+    """Throughput is the best run's; the ITL percentiles pool the gaps of every repeat, as one answer's p99 is
+    its second-longest gap (a single noisy moment decided it)."""
+    fast = RunResult([stream(0.1, 0.010, 101)], 0.0, 1.1)
+    slow = RunResult([stream(0.1, 0.030, 101)], 0.0, 3.1)
+    slower = RunResult([stream(0.1, 0.050, 101)], 0.0, 5.1)
+    kept = best(best(best(None, slow), fast), slower)
+    assert kept.total_tps == fast.total_tps and kept.streams == fast.streams
+    assert len([g for s in (*kept.streams, *kept.repeats) for g in s.gaps()]) == 300
+    assert kept.itl(50) == pytest.approx(0.030)
+    assert kept.itl(99) == pytest.approx(0.050)  # the slowest repeat's gaps are the top third
 
 
 # --- a synthetic sweep: report, schema, plot ----------------------------------------------
