@@ -166,3 +166,65 @@ def test_the_dashboard_says_when_other_work_holds_cores():
     assert text(threads=1, threads_max=2, threads_fitted=True) == "threads 1 of 2 (other work holds the rest)"
     assert text(threads=2, threads_max=2, threads_fitted=True) == "threads 2"
     assert text(threads=3, threads_max=3, threads_fitted=False) == "threads 3"
+
+
+def test_libgomp_spins_at_barriers_where_a_server_may_hold_two_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two engines in one process throttle libgomp's spinning (each decoded about half as fast here): serve sets
+    OMP_WAIT_POLICY=ACTIVE for a server of several models, before llama.cpp loads, unless the user chose."""
+    from click.testing import CliRunner
+
+    from edgeinfer import openmp
+    from edgeinfer.cli import main
+    from edgeinfer.server import app
+
+    env: dict[str, str] = {}
+    assert openmp.spin_at_barriers(env, loaded=False) and env == openmp.SPINNING
+    mine = {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert not openmp.spin_at_barriers(mine, loaded=False) and mine == {"OMP_WAIT_POLICY": "PASSIVE"}
+    late: dict[str, str] = {}
+    assert not openmp.spin_at_barriers(late, loaded=True) and late == {}  # libgomp has read its environment
+    count = {"GOMP_SPINCOUNT": "1000"}
+    assert openmp.spin_at_barriers(count, loaded=False) and count["GOMP_SPINCOUNT"] == "1000"
+
+    calls: list[bool] = []
+
+    class Stop(Exception):
+        pass
+
+    def no_server(*args: object, **kwargs: object) -> None:
+        raise Stop
+
+    monkeypatch.setattr(openmp, "spin_at_barriers", lambda: calls.append(True) or True)
+    monkeypatch.setattr(app, "make_server", no_server)
+    for args, several in [
+        (["-m", "a.gguf", "-m", "b.gguf"], True),
+        (["-m", "a.gguf"], False),
+        (["-m", "a.gguf", "-m", "b.gguf", "--max-models", "1"], False),
+        (["--models-dir", "."], True),
+    ]:
+        calls.clear()
+        result = CliRunner().invoke(main, ["serve", *args, "--socket", "/tmp/never.sock"])
+        assert isinstance(result.exception, Stop), result.output
+        assert calls == ([True] if several else []), args
+
+
+def test_serve_decides_libgomp_s_policy_before_llama_cpp_loads() -> None:
+    """libgomp reads OMP_WAIT_POLICY as it loads, with llama.cpp: serve must decide before anything imports it
+    (its server modules did, at first)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, sys\n"
+        "import edgeinfer.openmp as o\n"
+        "real = o.spin_at_barriers\n"
+        "def spy():\n"
+        "    print('llama_cpp' in sys.modules, real(), os.environ['OMP_WAIT_POLICY'])\n"
+        "    sys.exit(0)\n"
+        "o.spin_at_barriers = spy\n"
+        "from edgeinfer.cli import main\n"
+        "main(['serve', '-m', 'a.gguf', '-m', 'b.gguf', '--socket', '/tmp/never.sock'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["False", "True", "ACTIVE"], out.stdout + out.stderr

@@ -212,9 +212,7 @@ def serve(
 
     Several models: -m A -m B and/or --models-dir DIR; a request's `model` picks one (its id in
     /v1/models, or the name given here), loaded on first use."""
-    from edgeinfer.server.app import make_server
-    from edgeinfer.server.listen import default_socket_path
-    from edgeinfer.server.listen import serve as run_server
+    from edgeinfer.openmp import several_engines, spin_at_barriers
 
     _note_settings_file()
     named = list(models) or [m for m in [(click.get_current_context().default_map or {}).get("model")] if m]
@@ -226,6 +224,12 @@ def serve(
     if bad:
         raise click.UsageError(f"--alias {bad[0]}: write NAME=MODEL, e.g. --alias claude-sonnet-4-5=default")
     serving = Serving(named, models_dir, max_models, idle_unload, load_timeout, {n: t for n, _, t in pairs})
+    if several_engines(len(named), models_dir is not None, max_models):
+        spin_at_barriers()  # before llama.cpp loads, with the server's modules (edgeinfer/openmp.py)
+    from edgeinfer.server.app import make_server
+    from edgeinfer.server.listen import default_socket_path
+    from edgeinfer.server.listen import serve as run_server
+
     if no_socket and port is None:
         raise click.UsageError("--no-socket needs --port: there would be nothing to listen on")
     if no_socket and dashboard:
