@@ -47,9 +47,12 @@ from typing import Any
 
 # The bare loops run on this thread and each engine on its own: three OpenMP teams on a small machine, where
 # libgomp's defaults throttle every team's spinning and slow them all (docs/benchmarks.md, run H). ACTIVE with
-# libgomp's default spin count keeps them spinning as one team would; set before llama.cpp loads libgomp.
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
-os.environ.setdefault("GOMP_SPINCOUNT", "300000")
+# libgomp's default spin count keeps them spinning as one team would; set before llama.cpp loads libgomp
+# (edgeinfer.openmp imports nothing of it).
+from edgeinfer.openmp import SPINNING
+
+os.environ.setdefault("OMP_WAIT_POLICY", SPINNING["OMP_WAIT_POLICY"])
+os.environ.setdefault("GOMP_SPINCOUNT", SPINNING["GOMP_SPINCOUNT"])
 
 from one_stream import pct, prompt_ids
 

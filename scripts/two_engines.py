@@ -18,9 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from edgeinfer.openmp import SPINNING  # what `serve` of several models sets (it imports nothing of llama.cpp)
+
 SETTINGS = {
     "libgomp's defaults": {},
-    "OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=300000": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"},
+    " ".join(f"{key}={value}" for key, value in SPINNING.items()): SPINNING,
 }
 
 
