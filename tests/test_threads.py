@@ -210,7 +210,7 @@ def test_libgomp_spins_at_barriers_where_a_server_may_hold_two_engines(monkeypat
 
 def test_serve_decides_libgomp_s_policy_before_llama_cpp_loads() -> None:
     """libgomp reads OMP_WAIT_POLICY as it loads, with llama.cpp: serve must decide before anything imports it
-    (its server modules did, at first)."""
+    (its server modules did, at first), and libgomp then runs with what was decided."""
     import subprocess
     import sys
 
@@ -219,7 +219,11 @@ def test_serve_decides_libgomp_s_policy_before_llama_cpp_loads() -> None:
         "import edgeinfer.openmp as o\n"
         "real = o.spin_at_barriers\n"
         "def spy():\n"
-        "    print('llama_cpp' in sys.modules, real(), os.environ['OMP_WAIT_POLICY'])\n"
+        "    print('llama_cpp' in sys.modules, real(), os.environ['OMP_WAIT_POLICY'], flush=True)\n"
+        "    import ctypes, edgeinfer.llamacpp.core as core\n"
+        "    core.init_backend()\n"
+        "    assert 'libgomp' in open('/proc/self/maps').read(), 'the CPU backend loaded no libgomp'\n"
+        "    ctypes.CDLL('libgomp.so.1').omp_display_env(1)  # what libgomp itself read, on stderr\n"
         "    sys.exit(0)\n"
         "o.spin_at_barriers = spy\n"
         "from edgeinfer.cli import main\n"
@@ -228,3 +232,4 @@ def test_serve_decides_libgomp_s_policy_before_llama_cpp_loads() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["False", "True", "ACTIVE"], out.stdout + out.stderr
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in out.stderr and "GOMP_SPINCOUNT = '300000'" in out.stderr, out.stderr
