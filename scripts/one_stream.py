@@ -10,10 +10,19 @@ TTFT, the decode rate after the first token, and the inter-token latencies' p50 
 The four servers (llama-server with --kv-unified, llama-server with a KV stream per slot,
 `edgeinfer serve` with its default --spec auto and with --spec off) take turns, in a rotated
 order each repeat; each figure is the best of the repeats (decode rate, TTFT) or their
-median (ITL).
+median (ITL). Beside the best, each edgeinfer row's paired ratio: in each repeat its decode rate
+over the better llama-server's in that same repeat (the same prompt, a minute apart at most), the
+median over the repeats and how many reached 1.0. On a shared machine whose speed drifts by more
+than the differences asked about, that pairing says more than bests taken minutes apart.
 
 All four get the same model, threads, slots and cells, on Unix sockets. The defaults are
 `edgeinfer serve`'s own shape for the default model: 8 slots of 8,192 cells.
+
+    python scripts/one_stream.py --llama-server ... --workloads chat,agent,multi-agent --lengths ''
+
+also (or instead) times stream 0 of `edgeinfer bench`'s workloads as a streamed chat completion,
+greedy, `ignore_eos`, the workload's own answer length: the same request every repeat, so from the
+second on every server answers it with its prompt cached and the decode is what differs.
 """
 
 from __future__ import annotations
@@ -90,15 +99,19 @@ def text_arrivals(http: httpx.Client, path: str, body: dict[str, Any], name: str
     return stamps
 
 
-def one_answer(sock: Path, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    """Stream one completion; the time of each token's arrival gives TTFT, decode rate and ITL."""
+def completion(prompt: list[int], max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """A streamed, greedy, `ignore_eos` completion of token ids: where to POST it, and the body."""
     body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    body |= {"ignore_eos": True, "stream": True}
+    return "/v1/completions", body | {"ignore_eos": True, "stream": True}
+
+
+def one_answer(sock: Path, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Stream one answer; the time of each token's arrival gives TTFT, decode rate and ITL."""
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://server", timeout=600) as http:
         start = time.perf_counter()
-        stamps = text_arrivals(http, "/v1/completions", body, sock.name)
+        stamps = text_arrivals(http, path, body, sock.name)
     if len(stamps) < 2:
-        sys.exit(f"{sock.name}: {len(stamps)} tokens came back; expected {max_tokens}")
+        sys.exit(f"{sock.name}: {len(stamps)} tokens came back; expected {body['max_tokens']}")
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     return {
         "ttft_s": stamps[0] - start,
@@ -119,11 +132,19 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def paired(runs: dict[str, list[dict[str, Any]]], name: str, against: list[str]) -> list[float]:
+    """Per repeat, `name`'s decode rate over the best of `against` in that repeat."""
+    return [
+        mine["decode_tps"] / max(runs[other][i]["decode_tps"] for other in against) for i, mine in enumerate(runs[name])
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", required=True, type=Path, help="The llama-server binary.")
     ap.add_argument("--model", default=None, help="GGUF file or catalog name (default: SmolLM2-135M Q4_1).")
-    ap.add_argument("--lengths", default="256,1024,4096,7680", help="Prompt tokens, comma-separated.")
+    ap.add_argument("--lengths", default="256,1024,4096,7680", help="Prompt tokens, comma-separated ('': none).")
+    ap.add_argument("--workloads", default="", help="Also `edgeinfer bench` workloads' first turn, comma-separated.")
     ap.add_argument("--max-tokens", type=int, default=128, help="Tokens generated per answer.")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -138,11 +159,16 @@ def main() -> int:
     binary = args.llama_server.expanduser().resolve()
     if not os.access(binary, os.X_OK):
         sys.exit(f"{binary} is not an executable; build one with scripts/build_llama_server.sh")
-    lengths = [int(x) for x in args.lengths.split(",")]
-    if max(lengths) + args.max_tokens > args.ctx_size // args.parallel:
-        sys.exit(
-            f"{max(lengths)} + {args.max_tokens} tokens do not fit a slot of {args.ctx_size // args.parallel} cells"
-        )
+    lengths: list[int | str] = [int(x) for x in args.lengths.split(",") if x]
+    for w in filter(None, args.workloads.split(",")):
+        if w not in MAX_TOKENS:
+            sys.exit(f"unknown workload {w!r}; use one of {', '.join(MAX_TOKENS)}")
+        lengths.append(w)
+    if not lengths:
+        sys.exit("nothing to time: give --lengths or --workloads")
+    longest = max((n for n in lengths if isinstance(n, int)), default=0)
+    if longest + args.max_tokens > args.ctx_size // args.parallel:
+        sys.exit(f"{longest} + {args.max_tokens} tokens do not fit a slot of {args.ctx_size // args.parallel} cells")
     model = resolve_model(args.model)
     tokenizer = Model(model)  # the prompts' token ids (kept open: its vocabulary lives in the model)
 
@@ -173,22 +199,25 @@ def main() -> int:
             commands = {k: v for k, v in commands.items() if k in args.only.split(",")}
         for name, cmd in commands.items():
             print(f"{name}: {' '.join(cmd)}", file=sys.stderr)
-        runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {n: [] for n in lengths} for name in commands}
+        runs: dict[str, dict[int | str, list[dict[str, Any]]]] = {name: {n: [] for n in lengths} for name in commands}
         with running_servers(commands, sockets, folder):
             names = list(commands)
             for rep in range(args.repeats):
                 for n in lengths:
                     order = names[rep % len(names) :] + names[: rep % len(names)]
-                    # One prompt per repeat and length, the same for every server (each sees it once, so
-                    # none answers it from a cache); another one each repeat.
-                    prompt = prompt_ids(n, 1000 * n + rep, words)
+                    if isinstance(n, int):
+                        # One prompt per repeat and length, the same for every server (each sees it once, so
+                        # none answers it from a cache); another one each repeat.
+                        path, body = completion(prompt_ids(n, 1000 * n + rep, words), args.max_tokens)
+                    else:
+                        path, body = "/v1/chat/completions", workload_turn(n)
                     for name in order:
-                        got = one_answer(sockets[name], prompt, args.max_tokens)
+                        got = one_answer(sockets[name], path, body)
                         runs[name][n].append(got)
                         if args.json:  # every run as it comes: a long run cut short keeps what it measured
                             args.json.write_text(json.dumps({"commands": commands, "runs": runs}, indent=2) + "\n")
                         print(
-                            f"repeat {rep + 1} {n:>5} tokens {name:<26} {got['decode_tps']:6.1f} tok/s  "
+                            f"repeat {rep + 1} {n:>11} {name:<26} {got['decode_tps']:6.1f} tok/s  "
                             f"TTFT {1000 * got['ttft_s']:7.0f} ms  "
                             f"ITL p50 {got['itl_p50_ms']:5.1f} p99 {got['itl_p99_ms']:5.1f} ms",
                             file=sys.stderr,
@@ -198,16 +227,22 @@ def main() -> int:
     llama = [name for name in table if name.startswith("llama-server")]
     print(f"\none stream, best of {args.repeats} (decode tok/s and TTFT: the best run; ITL: the runs' median)")
     print(
-        f"{'context':>8}  {'server':<26} {'tok/s':>7} {'/ best llama-server':>20} {'TTFT ms':>8} {'ITL p50/p99 ms':>15}"
+        f"{'context':>11}  {'server':<26} {'tok/s':>7} {'/ best llama-server':>20} {'TTFT ms':>8}"
+        f" {'ITL p50/p99 ms':>15} {'paired: median, >= 1.0':>23}"
     )
     for n in lengths:
         bar = max((table[name][n]["decode_tps"] for name in llama), default=None)
         for name, by_len in table.items():
             b = by_len[n]
             ratio = f"{b['decode_tps'] / bar:.2f}" if bar else "-"
+            pair = "-"
+            if llama and not name.startswith("llama-server"):
+                ratios = paired({k: v[n] for k, v in runs.items()}, name, llama)
+                b["paired"] = ratios
+                pair = f"{statistics.median(ratios):.3f}, {sum(r >= 1.0 for r in ratios)} of {len(ratios)}"
             print(
-                f"{n:>8}  {name:<26} {b['decode_tps']:>7.1f} {ratio:>20} {1000 * b['ttft_s']:>8.0f}"
-                f" {b['itl_p50_ms']:>7.1f}/{b['itl_p99_ms']:<7.1f}"
+                f"{n:>11}  {name:<26} {b['decode_tps']:>7.1f} {ratio:>20} {1000 * b['ttft_s']:>8.0f}"
+                f" {b['itl_p50_ms']:>7.1f}/{b['itl_p99_ms']:<7.1f} {pair:>23}"
             )
     if args.json:
         args.json.write_text(
