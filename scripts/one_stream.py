@@ -11,7 +11,7 @@ The four servers (llama-server with --kv-unified, llama-server with a KV stream 
 `edgeinfer serve` with its default --spec auto and with --spec off) take turns, in a rotated
 order each repeat; each figure is the best of the repeats (decode rate, TTFT) or their
 median (ITL). Beside the best, each edgeinfer row's paired ratio: in each repeat its decode rate
-over the better llama-server's in that same repeat (the same prompt, a minute apart at most), the
+over the better llama-server's in that same repeat (the same prompt, answered one after another), the
 median over the repeats and how many reached 1.0. On a shared machine whose speed drifts by more
 than the differences asked about, that pairing says more than bests taken minutes apart.
 
@@ -145,14 +145,16 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="GGUF file or catalog name (default: SmolLM2-135M Q4_1).")
     ap.add_argument("--lengths", default="256,1024,4096,7680", help="Prompt tokens, comma-separated ('': none).")
     ap.add_argument("--workloads", default="", help="Also `edgeinfer bench` workloads' first turn, comma-separated.")
-    ap.add_argument("--max-tokens", type=int, default=128, help="Tokens generated per answer.")
+    ap.add_argument(
+        "--max-tokens", type=int, default=128, help="Tokens generated per answer to --lengths (a workload: its own)."
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--parallel", type=int, default=8, help="Slots in each server.")
     ap.add_argument("--ctx-size", type=int, default=65536, help="KV cells in each server (per slot: / --parallel).")
     ap.add_argument("--flash-attn", default="off", choices=["on", "off"])
     ap.add_argument("--edgeinfer-args", default="", help="More flags for `edgeinfer serve`, e.g. '--spec off'.")
-    ap.add_argument("--only", default="", help="Comma-separated server names to run (default: all three).")
+    ap.add_argument("--only", default="", help="Comma-separated server names to run (default: all four).")
     ap.add_argument("--json", type=Path, default=None, help="Write every run's figures here.")
     args = ap.parse_args()
 
