@@ -16,7 +16,7 @@ from edgeinfer.bench.command import kv_cells_needed
 from edgeinfer.bench.knee import Knee
 from edgeinfer.bench.plot import plot_sweep
 from edgeinfer.bench.report import build_report, print_sweep
-from edgeinfer.bench.results import RunResult, StreamResult, best
+from edgeinfer.bench.results import RunResult, StreamResult, best, paired
 from edgeinfer.bench.sweep import Level, Side, Sweep
 from edgeinfer.bench.targets import Target
 from edgeinfer.bench.tune import Trial, choose, tune
@@ -78,6 +78,28 @@ def test_the_best_of_the_repeats_keeps_its_figures_and_every_repeats_gaps():
     assert len([g for s in (*kept.streams, *kept.repeats) for g in s.gaps()]) == 300
     assert kept.itl(50) == pytest.approx(0.030)
     assert kept.itl(99) == pytest.approx(0.050)  # the slowest repeat's gaps are the top third
+    # Every repeat's aggregate rate stays, in the order run, for pairing with another target's.
+    assert kept.repeat_tps == [slow.total_tps, fast.total_tps, slower.total_tps]
+
+
+def test_paired_ratio_is_the_median_of_each_repeat_against_the_run_beside_it():
+    """The machine slows in the third repeat: bests compare the fast repeat of one with that of the other,
+    the pairing compares each repeat with the one run beside it."""
+
+    def series(durations: list[float]) -> RunResult:
+        kept = None
+        for d in durations:
+            kept = best(kept, RunResult([stream(0.1, (d - 0.1) / 100, 101)], 0.0, d))
+        assert kept is not None
+        return kept
+
+    a = series([1.00, 1.10, 2.00])  # 101, 91.8, 50.5 tok/s
+    b = series([1.05, 1.00, 2.10])  # 96.2, 101, 48.1
+    assert a.total_tps == pytest.approx(b.total_tps)  # best of 3: level
+    assert paired(a, b) == pytest.approx(1.05)  # each repeat: 1.05, 0.909, 1.05
+    assert paired(b, a) == pytest.approx(1 / 1.05)
+    assert paired(a, series([1.0, 1.0])) is None  # different repeats do not pair
+    assert paired(series([1.0]), series([1.1])) is None  # one repeat: nothing to pair over
 
 
 # --- a synthetic sweep: report, schema, plot ----------------------------------------------
@@ -128,6 +150,24 @@ def test_tables_side_by_side_and_knee():
     row4 = next(ln.split() for ln in side if ln.split() and ln.split()[0] == "4")
     assert row4[1:4] == ["200.0", "150.0", "0.75"]
     assert "edgeinfer: knee: 4 streams give 98% of the best" in text and "recommended --parallel 4" in text
+    assert "paired" not in text  # one repeat: nothing to pair
+
+
+def test_side_by_side_pairs_the_repeats():
+    sweep = synthetic_sweep({"edgeinfer": [50, 100], "llama-server": [50, 90]}, [1, 2])
+    sweep.repeats = 2
+    for lv in sweep.levels:
+        one, other = lv.sides["edgeinfer"], lv.sides["llama-server"]
+        one.warm.each_tps = [100.0, 80.0]
+        other.warm.each_tps = [110.0, 70.0]
+    lines: list[str] = []
+    print_sweep(sweep, lines.append)
+    side = lines[next(i for i, ln in enumerate(lines) if "side by side" in ln) :]
+    assert "2/1 paired" in side[1]
+    row = next(ln.split() for ln in side if ln.split() and ln.split()[0] == "2")
+    assert row[5] == f"{(110 / 100 + 70 / 80) / 2:.3f}"  # the median of two: their mean
+    doc = json.loads(build_report(sweep).model_dump_json(by_alias=True))
+    assert doc["levels"][0]["targets"]["llama-server"]["warm"]["aggregate_tps_each"] == [110.0, 70.0]
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import click
 
 from edgeinfer.bench import schema
-from edgeinfer.bench.results import RunResult
+from edgeinfer.bench.results import RunResult, paired
 from edgeinfer.bench.sweep import Sweep
 
 Echo = Callable[[str], None]
@@ -87,6 +87,8 @@ def print_side_by_side(sweep: Sweep, echo: Echo) -> None:
     columns = [("streams", 7)] + [(f"{k + 1}: tok/s", 9) for k in range(len(sweep.targets))]
     columns += [(f"{k + 2}/1 agg", 7) for k in range(len(others))]
     columns += [(f"{k + 2}/1 decode", 10) for k in range(len(others))]
+    if sweep.repeats > 1:
+        columns += [(f"{k + 2}/1 paired", 10) for k in range(len(others))]
     columns += [("TTFT p50 ms " + "/".join(str(k + 1) for k in range(len(sweep.targets))), 18)]
     rows = []
     for lv in sweep.levels:
@@ -94,10 +96,20 @@ def print_side_by_side(sweep: Sweep, echo: Echo) -> None:
         runs = [lv.sides[t.name].warm for t in sweep.targets]
         agg = [f"{r.total_tps / b.total_tps:.2f}" if b.total_tps else "-" for r in runs[1:]]
         dec = [f"{r.decode_tps / b.decode_tps:.2f}" if b.decode_tps else "-" for r in runs[1:]]
+        pairs = [_ratio(paired(r, b)) for r in runs[1:]] if sweep.repeats > 1 else []
         ttft = "/".join(_ms(r.ttft(50)) for r in runs)
-        rows.append([str(lv.concurrency), *(f"{r.total_tps:.1f}" for r in runs), *agg, *dec, ttft])
+        rows.append([str(lv.concurrency), *(f"{r.total_tps:.1f}" for r in runs), *agg, *dec, *pairs, ttft])
     names = ", ".join(f"{k + 1}: {t.name}" for k, t in enumerate(sweep.targets))
     _table(echo, f"side by side, warm runs ({names})", columns, rows)
+    if sweep.repeats > 1:
+        echo(
+            "paired: the median over the repeats of each one's aggregate tok/s over target 1's in the same repeat,"
+            " run beside it (the bests above may come minutes apart)"
+        )
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def build_report(sweep: Sweep) -> schema.Report:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,15 @@ class RunResult:
     # The streams of the other repeats this run was kept over (`best`): their gaps join the inter-token latency's
     # percentiles. One 128-token answer has 127 gaps, so its p99 is its second-longest gap, one noisy moment.
     repeats: list[StreamResult] = field(default_factory=list)
+    # Aggregate tok/s of every repeat `best` weighed, in the order they ran (empty: this run alone): on a shared
+    # machine whose speed drifts, each repeat against another target's run beside it (`paired`) ranks two
+    # targets where their bests, taken minutes apart, do not.
+    each_tps: list[float] = field(default_factory=list)
+
+    @property
+    def repeat_tps(self) -> list[float]:
+        """Aggregate tok/s of each repeat, in the order they ran."""
+        return self.each_tps or [self.total_tps]
 
     @property
     def t_all_first(self) -> float:
@@ -89,12 +99,13 @@ class RunResult:
         """Over the gaps of this run and of the repeats it was kept over."""
         return percentile([g for s in (*self.streams, *self.repeats) for g in s.gaps()], q)
 
-    def figures(self) -> dict[str, float | int | None]:
+    def figures(self) -> dict[str, float | int | list[float] | None]:
         """The run's figures for the JSON report (seconds and tokens/s)."""
         return {
             "streams": len(self.streams),
             "completion_tokens": sum(s.completion_tokens for s in self.streams),
             "aggregate_tps": round(self.total_tps, 2),
+            "aggregate_tps_each": [round(x, 2) for x in self.repeat_tps],
             "decode_tps": round(self.decode_tps, 2),
             "per_stream_tps": round(self.per_stream_tps, 2),
             "prefill_tps": round(self.prefill_tps, 2),
@@ -118,8 +129,18 @@ def best(current: RunResult | None, new: RunResult, key: str = "total_tps") -> R
     if current is None:
         return new
     kept, other = (new, current) if getattr(new, key) > getattr(current, key) else (current, new)
+    kept.each_tps = [*current.repeat_tps, *new.repeat_tps]
     kept.repeats += [*other.streams, *other.repeats]
     return kept
+
+
+def paired(runs: RunResult, against: RunResult) -> float | None:
+    """The median over the repeats of one run's aggregate tok/s over the other's in the same repeat (None
+    unless both have the same repeats, two or more)."""
+    mine, theirs = runs.repeat_tps, against.repeat_tps
+    if len(mine) != len(theirs) or len(mine) < 2 or not all(theirs):
+        return None
+    return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
 
 
 def warm_figure(report: dict[str, Any], target: str, key: str = "decode_tps") -> dict[int, float]:

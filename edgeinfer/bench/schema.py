@@ -26,6 +26,9 @@ class Figures(_Model):
     streams: int
     completion_tokens: int
     aggregate_tps: float = Field(description="generated tokens over the run's wall time, prefill included")
+    aggregate_tps_each: list[float] | None = Field(
+        default=None, description="aggregate_tps of every repeat, in the order run (pairs with another target's)"
+    )
     decode_tps: float = Field(description="aggregate decode rate once every stream has its first token")
     per_stream_tps: float = Field(description="mean of each stream's own decode rate")
     prefill_tps: float = Field(description="prompt tokens (reused ones included) until the last first token")
