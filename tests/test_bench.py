@@ -17,7 +17,7 @@ from edgeinfer.bench.knee import Knee
 from edgeinfer.bench.plot import plot_sweep
 from edgeinfer.bench.report import build_report, print_sweep
 from edgeinfer.bench.results import RunResult, StreamResult, best, paired
-from edgeinfer.bench.sweep import Level, Side, Sweep
+from edgeinfer.bench.sweep import Level, SayProgress, Side, Sweep, run_sweep
 from edgeinfer.bench.targets import Target
 from edgeinfer.bench.tune import Trial, choose, tune
 from edgeinfer.cli import main
@@ -151,6 +151,25 @@ def test_tables_side_by_side_and_knee():
     assert row4[1:4] == ["200.0", "150.0", "0.75"]
     assert "edgeinfer: knee: 4 streams give 98% of the best" in text and "recommended --parallel 4" in text
     assert "paired" not in text  # one repeat: nothing to pair
+
+
+def test_the_sweep_rotates_the_targets_every_repeat():
+    """Each target runs first in one repeat, last in another: no target always follows the same one."""
+    calls: list[tuple[str, str]] = []
+
+    class Recording(FakeTarget):
+        def run(self, messages: Any, max_tokens: int, done: Any) -> RunResult:
+            calls.append((self.name, messages[0][0]["content"]))
+            return RunResult([stream(0.1, 0.01, 4)], 0.0, 1.0)
+
+    targets = [Recording(n) for n in ("a", "b", "c")]
+    sweep = run_sweep(targets, "chat", [1], 4, 3, SayProgress(lambda _: None))
+    runs = calls[3:]  # after each target's warm-up
+    order = [name for name, _ in runs[::2]]  # a cold run, then its warm run
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [name for name, _ in runs[1::2]] == order  # each cold run straight before its own warm run
+    assert len({text for _, text in runs[::2]}) == 9  # every cold run opens anew
+    assert sweep.levels[0].sides["a"].warm.repeat_tps == [4.0, 4.0, 4.0]
 
 
 def test_side_by_side_pairs_the_repeats():

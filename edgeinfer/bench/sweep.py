@@ -1,7 +1,9 @@
 """The concurrency sweep: every target runs the same workload at each level, side by side.
 
 At each level, each repeat runs a pair per target, targets taking turns so that drift in
-the machine's speed falls on all of them alike:
+the machine's speed falls on all of them alike, the first of a repeat going last in the next
+(in a fixed order one target always ran straight after the same other one: whatever that one
+leaves behind, a server's threads still spinning or the machine's load, fell on it alone):
 
 - a cold run: every conversation opens with a tag new to this run, so no cached prefix
   matches (the streams of the run still share the rest of their prompt with each other);
@@ -100,7 +102,8 @@ def run_sweep(
         cold: dict[str, RunResult | None] = dict.fromkeys((t.name for t in targets), None)
         warm = dict(cold)
         for i in range(repeats):
-            for k, t in enumerate(targets):
+            turn = i % len(targets)
+            for k, t in [*enumerate(targets)][turn:] + [*enumerate(targets)][:turn]:
                 head = f"[run {c}.{i}.{k}] "  # new to this run and this target: nothing before it matches
                 progress.begin(f"{c} streams, {t.name}: cold run {i + 1}/{repeats}")
                 cold[t.name] = best(cold[t.name], t.run(messages(workload, c, head=head), max_tokens, progress.advance))
