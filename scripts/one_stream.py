@@ -11,9 +11,11 @@ The four servers (llama-server with --kv-unified, llama-server with a KV stream 
 `edgeinfer serve` with its default --spec auto and with --spec off) take turns, in a rotated
 order each repeat; each figure is the best of the repeats (decode rate, TTFT) or their
 median (ITL). Beside the best, each edgeinfer row's paired ratio: in each repeat its decode rate
-over the better llama-server's in that same repeat (the same prompt, answered one after another), the
-median over the repeats and how many reached 1.0. On a shared machine whose speed drifts by more
-than the differences asked about, that pairing says more than bests taken minutes apart.
+over each llama-server layout's in that same repeat (the same prompt, answered one after another),
+the median over the repeats against the layout it pairs lowest with, and how many reached 1.0. On
+a shared machine whose speed drifts by more than the differences asked about, that pairing says
+more than bests taken minutes apart. (Not over the better of the two layouts in each repeat: the
+higher of two noisy figures puts even an equal third server at about 0.95.)
 
 All four get the same model, threads, slots and cells, on Unix sockets. The defaults are
 `edgeinfer serve`'s own shape for the default model: 8 slots of 8,192 cells.
@@ -132,11 +134,14 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def paired(runs: dict[str, list[dict[str, Any]]], name: str, against: list[str]) -> list[float]:
-    """Per repeat, `name`'s decode rate over the best of `against` in that repeat."""
-    return [
-        mine["decode_tps"] / max(runs[other][i]["decode_tps"] for other in against) for i, mine in enumerate(runs[name])
-    ]
+def paired(runs: dict[str, list[dict[str, Any]]], name: str, against: list[str]) -> tuple[str, list[float]]:
+    """Per repeat, `name`'s decode rate over each of `against` in that repeat; the one whose ratios have the
+    lowest median (the server `name` is furthest behind, or least ahead of), and those ratios."""
+    ratios = {
+        other: [mine["decode_tps"] / theirs["decode_tps"] for mine, theirs in zip(runs[name], runs[other], strict=True)]
+        for other in against
+    }
+    return min(ratios.items(), key=lambda kv: statistics.median(kv[1]))
 
 
 def main() -> int:
@@ -230,7 +235,7 @@ def main() -> int:
     print(f"\none stream, best of {args.repeats} (decode tok/s and TTFT: the best run; ITL: the runs' median)")
     print(
         f"{'context':>11}  {'server':<26} {'tok/s':>7} {'/ best llama-server':>20} {'TTFT ms':>8}"
-        f" {'ITL p50/p99 ms':>15} {'paired: median, >= 1.0':>23}"
+        f" {'ITL p50/p99 ms':>15} {'paired: median, >= 1.0, against':>45}"
     )
     for n in lengths:
         bar = max((table[name][n]["decode_tps"] for name in llama), default=None)
@@ -239,12 +244,12 @@ def main() -> int:
             ratio = f"{b['decode_tps'] / bar:.2f}" if bar else "-"
             pair = "-"
             if llama and not name.startswith("llama-server"):
-                ratios = paired({k: v[n] for k, v in runs.items()}, name, llama)
-                b["paired"] = ratios
-                pair = f"{statistics.median(ratios):.3f}, {sum(r >= 1.0 for r in ratios)} of {len(ratios)}"
+                other, ratios = paired({k: v[n] for k, v in runs.items()}, name, llama)
+                b["paired"] = {"against": other, "ratios": ratios}
+                pair = f"{statistics.median(ratios):.3f}, {sum(r >= 1.0 for r in ratios)} of {len(ratios)}, {other}"
             print(
                 f"{n:>11}  {name:<26} {b['decode_tps']:>7.1f} {ratio:>20} {1000 * b['ttft_s']:>8.0f}"
-                f" {b['itl_p50_ms']:>7.1f}/{b['itl_p99_ms']:<7.1f} {pair:>23}"
+                f" {b['itl_p50_ms']:>7.1f}/{b['itl_p99_ms']:<7.1f} {pair:>45}"
             )
     if args.json:
         args.json.write_text(
