@@ -134,10 +134,10 @@ def best(current: RunResult | None, new: RunResult, key: str = "total_tps") -> R
     return kept
 
 
-def paired(runs: RunResult, against: RunResult) -> float | None:
+def paired(run: RunResult, against: RunResult) -> float | None:
     """The median over the repeats of one run's aggregate tok/s over the other's in the same repeat (None
     unless both have the same repeats, two or more)."""
-    mine, theirs = runs.repeat_tps, against.repeat_tps
+    mine, theirs = run.repeat_tps, against.repeat_tps
     if len(mine) != len(theirs) or len(mine) < 2 or not all(theirs):
         return None
     return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
