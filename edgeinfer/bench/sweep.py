@@ -98,12 +98,13 @@ def run_sweep(
     for t in targets:  # load weights, warm caches and thread pools; not measured
         progress.begin(f"{t.name}: warm-up")
         t.run(messages(workload, 1, head="warm-up. "), min(8, max_tokens), progress.advance)
+    indexed = list(enumerate(targets))  # k: the target's own index, in its runs' tags whatever the turn
     for c in levels:
         cold: dict[str, RunResult | None] = dict.fromkeys((t.name for t in targets), None)
         warm = dict(cold)
         for i in range(repeats):
             turn = i % len(targets)
-            for k, t in [*enumerate(targets)][turn:] + [*enumerate(targets)][:turn]:
+            for k, t in indexed[turn:] + indexed[:turn]:
                 head = f"[run {c}.{i}.{k}] "  # new to this run and this target: nothing before it matches
                 progress.begin(f"{c} streams, {t.name}: cold run {i + 1}/{repeats}")
                 cold[t.name] = best(cold[t.name], t.run(messages(workload, c, head=head), max_tokens, progress.advance))
